@@ -1,0 +1,1 @@
+"""specdiff's conformance harness: kernel contracts, strategies, the runner and reports."""

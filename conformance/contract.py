@@ -1,0 +1,259 @@
+"""The contract of a kernel, as data.
+
+A :class:`KernelSpec` holds everything that is true of a kernel whatever implements it:
+its vLLM name, parameters in launch order with their kinds and dtypes, which buffers it
+writes, how outputs compare, its canonical grid and its preconditions. The conformance
+runner, the CPU launch wrappers, the signature checks and the benchmarks all read it; none
+of them restates a parameter list.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class Kind(enum.Enum):
+    PTR = "ptr"
+    SCALAR = "scalar"
+    CONSTEXPR = "constexpr"
+
+
+class Role(enum.Enum):
+    IN = "in"
+    OUT = "out"  # poisoned before every conformance launch: the kernel must not read it
+    INOUT = "inout"  # read and written: keeps the case's values, compared afterwards
+
+
+class _NoDefault:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED = _NoDefault()
+
+INT = (torch.int32, torch.int64)
+
+# Keyword-only options of a Triton launch (§1.9): accepted and ignored by every CPU launcher.
+LAUNCH_OPTIONS = frozenset(
+    {
+        "num_warps",
+        "num_stages",
+        "num_ctas",
+        "maxnreg",
+        "enable_fp_fusion",
+        "launch_cooperative_grid",
+        "launch_pdl",
+        "num_buffers_warp_spec",
+        "num_consumer_groups",
+        "reg_dec_producer",
+        "reg_inc_consumer",
+        "debug",
+        "sanitize_overflow",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter, in the kernel's declaration order.
+
+    ``dtypes`` lists every dtype the contract accepts (§1.5); ``call_site`` is the dtype
+    vLLM 0.33.0 passes, the primary conformance case. ``optional`` pointers accept ``None``;
+    ``int_zero`` pointers also accept the integer 0 (K9). ``contiguous`` is False only where
+    the kernel takes an explicit stride.
+    """
+
+    name: str
+    kind: Kind
+    dtypes: tuple[torch.dtype, ...] = ()
+    call_site: torch.dtype | None = None
+    role: Role = Role.IN
+    optional: bool = False
+    int_zero: bool = False
+    contiguous: bool = True
+    ndim: tuple[int, ...] = (1,)
+    default: Any = REQUIRED
+    doc: str = ""
+
+    @property
+    def is_output(self) -> bool:
+        return self.role is not Role.IN
+
+
+def ptr(name: str, dtypes: tuple[torch.dtype, ...], call_site: torch.dtype, doc: str = "", **kw: Any) -> Param:
+    return Param(name, Kind.PTR, dtypes=dtypes, call_site=call_site, doc=doc, **kw)
+
+
+def scalar(name: str, doc: str = "", **kw: Any) -> Param:
+    return Param(name, Kind.SCALAR, doc=doc, ndim=(), **kw)
+
+
+def constexpr(name: str, doc: str = "", **kw: Any) -> Param:
+    return Param(name, Kind.CONSTEXPR, doc=doc, ndim=(), **kw)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A constexpr flag that must agree with a tensor argument (contract C26)."""
+
+    constexpr: str
+    tensor: str
+    expect: Callable[[Any], bool]
+    meaning: str
+
+
+Args = dict[str, Any]
+
+
+@dataclass
+class KernelSpec:
+    """The contract of one kernel; backends register on it by name (see backends.py)."""
+
+    name: str
+    family: str
+    qualname: str
+    params: tuple[Param, ...]
+    grid: Callable[[Mapping[str, Any]], tuple[int, ...]]
+    preconditions: Callable[[Mapping[str, Any]], None]
+    flags: tuple[Flag, ...] = ()
+    # Describes what decided output cell ``index`` of ``output``: used by failure reports.
+    explain: Callable[[Mapping[str, Any], str, int], str] | None = None
+    # Bytes a launch must move at least (reads + writes), for benchmarks' GB/s.
+    bytes_moved: Callable[[Mapping[str, Any]], int] | None = None
+    doc: str = ""
+    _by_name: dict[str, Param] = field(init=False, repr=False)
+    _names: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._names = tuple(p.name for p in self.params)
+        self._by_name = {p.name: p for p in self.params}
+
+    # -- introspection -------------------------------------------------------------------
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def constexprs(self) -> tuple[int, ...]:
+        return tuple(i for i, p in enumerate(self.params) if p.kind is Kind.CONSTEXPR)
+
+    @property
+    def outputs(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.is_output)
+
+    def param(self, name: str) -> Param:
+        return self._by_name[name]
+
+    def signature(self) -> inspect.Signature:
+        return inspect.Signature(
+            [
+                inspect.Parameter(
+                    p.name,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    default=inspect.Parameter.empty if p.default is REQUIRED else p.default,
+                )
+                for p in self.params
+            ]
+        )
+
+    # -- binding a launch ------------------------------------------------------------------
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Args:
+        """Bind a launch exactly as Python binds a call to the kernel's signature (§1.9).
+
+        Triton launch options are accepted and dropped; any other unknown keyword is a
+        ``TypeError`` naming it.
+        """
+        names = self._names
+        if len(args) > len(names):
+            raise TypeError(f"{self.name}() takes {len(names)} arguments but {len(args)} were given")
+        bound = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key in self._by_name:
+                if key in bound:
+                    raise TypeError(f"{self.name}() got multiple values for argument '{key}'")
+                bound[key] = value
+            elif key not in LAUNCH_OPTIONS:
+                raise TypeError(f"{self.name}() got an unexpected keyword argument '{key}'")
+        if len(bound) != len(names):
+            for p in self.params:
+                if p.name not in bound:
+                    if p.default is REQUIRED:
+                        raise TypeError(f"{self.name}() missing required argument '{p.name}'")
+                    bound[p.name] = p.default
+        return bound
+
+    # -- validation ------------------------------------------------------------------------
+    def check_types(self, a: Mapping[str, Any], device: str = "cpu") -> None:
+        """Type-level contract: tensor or None, dtype, device, rank, contiguity, flags."""
+        for p in self.params:
+            v = a[p.name]
+            if p.kind is Kind.PTR:
+                if v is None:
+                    if not p.optional:
+                        raise TypeError(f"{self.name}: '{p.name}' must be a tensor, got None")
+                    continue
+                if p.int_zero and isinstance(v, int) and not isinstance(v, bool) and v == 0:
+                    continue
+                if not isinstance(v, torch.Tensor):
+                    raise TypeError(f"{self.name}: '{p.name}' must be a tensor, got {type(v).__name__}")
+                if v.dtype not in p.dtypes:
+                    allowed = ", ".join(str(d).removeprefix("torch.") for d in p.dtypes)
+                    raise TypeError(
+                        f"{self.name}: '{p.name}' must have dtype {allowed}, got {str(v.dtype).removeprefix('torch.')}"
+                    )
+                if v.device.type != device:
+                    raise ValueError(f"{self.name}: '{p.name}' must be on {device}, got {v.device}")
+                if v.dim() not in p.ndim:
+                    raise ValueError(f"{self.name}: '{p.name}' must have {_dims(p.ndim)}, got shape {tuple(v.shape)}")
+                if p.contiguous and not v.is_contiguous():
+                    raise ValueError(f"{self.name}: '{p.name}' must be contiguous")
+                if not p.contiguous and v.dim() and v.stride(-1) != 1:
+                    raise ValueError(f"{self.name}: '{p.name}' must have unit inner stride")
+            elif p.kind is Kind.CONSTEXPR and p.name.isupper():
+                if not isinstance(v, (bool, int)):
+                    raise TypeError(f"{self.name}: '{p.name}' must be a bool or int, got {type(v).__name__}")
+            else:
+                if isinstance(v, torch.Tensor) or not isinstance(v, (int, bool)):
+                    raise TypeError(f"{self.name}: '{p.name}' must be a Python int, got {type(v).__name__}")
+        for f in self.flags:
+            if bool(a[f.constexpr]) != f.expect(a[f.tensor]):
+                raise ValueError(f"{self.name}: '{f.constexpr}' must be {f.meaning}")
+
+    def check(self, a: Mapping[str, Any], device: str = "cpu") -> None:
+        """The whole contract: types, then the kernel's value-level preconditions."""
+        self.check_types(a, device)
+        self.preconditions(a)
+
+
+def _dims(ndim: tuple[int, ...]) -> str:
+    return " or ".join(f"{n} dimension{'s' if n != 1 else ''}" for n in ndim)
+
+
+# -- helpers for preconditions ---------------------------------------------------------------
+def require(ok: bool, kernel: str, name: str, expectation: str) -> None:
+    if not ok:
+        raise ValueError(f"{kernel}: '{name}' {expectation}")
+
+
+def check_cumulative(kernel: str, name: str, cu: torch.Tensor) -> None:
+    """Inclusive cumulative counts: non-negative and non-decreasing (§1.2)."""
+    if cu.numel():
+        require(int(cu[0]) >= 0, kernel, name, "must start at a non-negative count")
+        require(bool((cu[1:] >= cu[:-1]).all()), kernel, name, "must be non-decreasing")
+
+
+def counts(cu: torch.Tensor) -> torch.Tensor:
+    """n(r) from inclusive cumulative counts, with start(0) = 0 and cu[-1] never read (C1)."""
+    cu = cu.to(torch.int64)
+    return torch.diff(cu, prepend=cu.new_zeros(1))
+
+
+def starts(cu: torch.Tensor) -> torch.Tensor:
+    cu = cu.to(torch.int64)
+    return torch.cat([cu.new_zeros(1), cu[:-1]])

@@ -1,0 +1,314 @@
+"""Contracts of the rejection-sampler family (spec §2.1–§2.4, vllm/v1/sample/rejection_sampler.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from conformance.contract import (
+    INT,
+    Flag,
+    KernelSpec,
+    Role,
+    check_cumulative,
+    constexpr,
+    counts,
+    ptr,
+    require,
+    scalar,
+    starts,
+)
+
+F32, F64, BOOL = torch.float32, torch.float64, torch.bool
+I32, I64 = torch.int32, torch.int64
+_MODULE = "vllm.v1.sample.rejection_sampler"
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _length(kernel: str, name: str, t: torch.Tensor | None, need: int) -> None:
+    if t is not None:
+        require(t.numel() >= need, kernel, name, f"must hold at least {need} elements, has {t.numel()}")
+
+
+def _rows_and_drafts(kernel: str, a: Mapping[str, Any], processed: torch.Tensor | None) -> tuple[int, int, torch.Tensor]:
+    """Shared checks of cu / output layout; returns (B, T, n) with n masked to processed rows."""
+    cu = a["cu_num_draft_tokens_ptr"]
+    check_cumulative(kernel, "cu_num_draft_tokens_ptr", cu)
+    b = cu.numel()
+    t = int(cu[-1]) if b else 0
+    n = counts(cu)
+    s = a["max_spec_len"]
+    require(s >= 0, kernel, "max_spec_len", f"must be >= 0, got {s}")
+    out = a["output_token_ids_ptr"]
+    _length(kernel, "output_token_ids_ptr", out, b * (s + 1))
+    _length(kernel, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
+    _length(kernel, "bonus_token_ids_ptr", a["bonus_token_ids_ptr"], b)
+    if processed is not None:
+        n = n[processed[:b]]
+    if n.numel():
+        require(int(n.max()) <= s, kernel, "max_spec_len", f"must be >= every processed row's draft count ({int(n.max())})")
+    return b, t, n
+
+
+def _synthetic(kernel: str, a: Mapping[str, Any], t: int, n: torch.Tensor) -> None:
+    if a["SYNTHETIC_MODE"]:
+        u = a["uniform_probs_ptr"]
+        require(u is not None, kernel, "uniform_probs_ptr", "is required in synthetic mode")
+        _length(kernel, "uniform_probs_ptr", u, t)
+        need = int(n.max()) if n.numel() else 0
+        _length(kernel, "synthetic_conditional_rates_ptr", a["synthetic_conditional_rates_ptr"], need)
+
+
+def _greedy_preconditions(a: Mapping[str, Any]) -> None:
+    k = "rejection_greedy_sample_kernel"
+    g = a["is_greedy_ptr"]
+    b = a["cu_num_draft_tokens_ptr"].numel()
+    _length(k, "is_greedy_ptr", g, b)
+    _, t, n = _rows_and_drafts(k, a, None if g is None else g)
+    _length(k, "target_argmax_ptr", a["target_argmax_ptr"], t)
+    _synthetic(k, a, t, n)
+
+
+def _random_preconditions(a: Mapping[str, Any]) -> None:
+    k = "rejection_random_sample_kernel"
+    g = a["is_greedy_ptr"]
+    b = a["cu_num_draft_tokens_ptr"].numel()
+    _length(k, "is_greedy_ptr", g, b)
+    _, t, n = _rows_and_drafts(k, a, ~g)
+    _length(k, "uniform_probs_ptr", a["uniform_probs_ptr"], t)
+    _length(k, "recovered_token_ids_ptr", a["recovered_token_ids_ptr"], t)
+    v = a["vocab_size"]
+    require(v >= 1, k, "vocab_size", f"must be >= 1, got {v}")
+    _prob_rows(k, a, "target_probs_ptr", t, v)
+    _prob_rows(k, a, "draft_probs_ptr", t, v)
+    if a["SYNTHETIC_MODE"]:
+        _synthetic(k, a, t, n)
+    elif t:
+        # An id >= V would read another row's probability (C11); checked over processed rows.
+        cu = a["cu_num_draft_tokens_ptr"]
+        rows = torch.repeat_interleave(torch.arange(b), counts(cu))
+        d = a["draft_token_ids_ptr"][:t][~g[:b][rows]]
+        require(not d.numel() or int(d.max()) < v, k, "draft_token_ids_ptr", f"must hold ids < vocab_size ({v}) outside synthetic mode")
+
+
+def _prob_rows(k: str, a: Mapping[str, Any], name: str, rows: int, v: int) -> None:
+    x = a[name]
+    if x is None:
+        return
+    require(x.dim() == 2 and x.shape[1] == v, k, name, f"must have shape [>= {rows}, vocab_size={v}], got {tuple(x.shape)}")
+    require(x.shape[0] >= rows, k, name, f"must have at least {rows} rows, has {x.shape[0]}")
+
+
+def _expand_preconditions(a: Mapping[str, Any]) -> None:
+    k = "expand_kernel"
+    x, out, cu = a["input_ptr"], a["output_ptr"], a["cu_num_tokens_ptr"]
+    require(out.dtype == x.dtype, k, "output_ptr", f"must have the input's dtype {x.dtype}, got {out.dtype}")
+    require(cu.numel() == x.numel(), k, "cu_num_tokens_ptr", f"must have one entry per input value ({x.numel()}), has {cu.numel()}")
+    check_cumulative(k, "cu_num_tokens_ptr", cu)
+    _length(k, "output_ptr", out, int(cu[-1]) if cu.numel() else 0)
+    for name in ("replace_from", "replace_to"):
+        require(-(2**31) <= a[name] < 2**31, k, name, "must be representable in int32")
+    m = a["MAX_NUM_TOKENS"]
+    require(m >= 1 and m & (m - 1) == 0, k, "MAX_NUM_TOKENS", f"must be a power of two, got {m}")
+
+
+def _recovered_preconditions(a: Mapping[str, Any]) -> None:
+    k = "sample_recovered_tokens_kernel"
+    cu = a["cu_num_draft_tokens_ptr"]
+    check_cumulative(k, "cu_num_draft_tokens_ptr", cu)
+    b = cu.numel()
+    t = int(cu[-1]) if b else 0
+    v = a["vocab_size"]
+    require(v >= 1, k, "vocab_size", f"must be >= 1, got {v}")
+    _length(k, "output_token_ids_ptr", a["output_token_ids_ptr"], t)
+    _length(k, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
+    _prob_rows(k, a, "target_probs_ptr", t, v)
+    _prob_rows(k, a, "draft_probs_ptr", t, v)
+    _prob_rows(k, a, "inv_q_ptr", b, v)
+    bs = a["BLOCK_SIZE"]
+    require(bs >= 1 and bs & (bs - 1) == 0, k, "BLOCK_SIZE", f"must be a power of two, got {bs}")
+
+
+# -- failure explanations ------------------------------------------------------------------------
+def _cell(a: Mapping[str, Any], index: int) -> tuple[int, int, int, int]:
+    s = a["max_spec_len"]
+    r, j = divmod(index, s + 1)
+    cu = a["cu_num_draft_tokens_ptr"]
+    return r, j, int(starts(cu)[r]), int(counts(cu)[r])
+
+
+def _get(t: torch.Tensor | None, i: int) -> Any:
+    if t is None or not isinstance(t, torch.Tensor):
+        return None
+    if t.dim() == 2:
+        return t.reshape(-1)[i].item()
+    return t[i].item()
+
+
+def _explain_greedy(a: Mapping[str, Any], output: str, index: int) -> str:
+    r, j, s, n = _cell(a, index)
+    lines = [f"request {r}, draft position {j} (n={n}, start={s}, bonus={_get(a['bonus_token_ids_ptr'], r)})"]
+    g = a["is_greedy_ptr"]
+    lines.append(f"is_greedy[{r}]={'None' if g is None else bool(g[r])}")
+    for pos in range(min(j + 1, n)):
+        t = s + pos
+        row = f"  pos {pos}: draft={_get(a['draft_token_ids_ptr'], t)} target_argmax={_get(a['target_argmax_ptr'], t)}"
+        if a["SYNTHETIC_MODE"]:
+            row += f" u={_get(a['uniform_probs_ptr'], t)!r} rate={_get(a['synthetic_conditional_rates_ptr'], pos)!r}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _explain_random(a: Mapping[str, Any], output: str, index: int) -> str:
+    r, j, s, n = _cell(a, index)
+    v = a["vocab_size"]
+    lines = [
+        f"request {r}, draft position {j} (n={n}, start={s}, bonus={_get(a['bonus_token_ids_ptr'], r)}, "
+        f"is_greedy={bool(a['is_greedy_ptr'][r])})"
+    ]
+    for pos in range(min(j + 1, n)):
+        t = s + pos
+        d = _get(a["draft_token_ids_ptr"], t)
+        row = f"  pos {pos}: draft={d} u={_get(a['uniform_probs_ptr'], t)!r} recovered={_get(a['recovered_token_ids_ptr'], t)}"
+        if a["SYNTHETIC_MODE"]:
+            row += f" rate={_get(a['synthetic_conditional_rates_ptr'], pos)!r}"
+        elif 0 <= d < v:
+            q = 1.0 if a["draft_probs_ptr"] is None else _get(a["draft_probs_ptr"], t * v + d)
+            row += f" p={_get(a['target_probs_ptr'], t * v + d)!r} q={q!r}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _explain_expand(a: Mapping[str, Any], output: str, index: int) -> str:
+    cu = a["cu_num_tokens_ptr"]
+    r = int(torch.searchsorted(cu.to(torch.int64), index, right=True))
+    if r >= cu.numel():
+        return f"output slot {index} lies past cu[-1]={int(cu[-1]) if cu.numel() else 0}: it must stay untouched"
+    s = int(starts(cu)[r])
+    return (
+        f"request {r}, token {index - s} (n={int(counts(cu)[r])}, input={_get(a['input_ptr'], r)!r}, "
+        f"replace {a['replace_from']} -> {a['replace_to']}, MAX_NUM_TOKENS={a['MAX_NUM_TOKENS']})"
+    )
+
+
+def _explain_recovered(a: Mapping[str, Any], output: str, index: int) -> str:
+    cu = a["cu_num_draft_tokens_ptr"]
+    r = int(torch.searchsorted(cu.to(torch.int64), index, right=True))
+    if r >= cu.numel():
+        return f"output slot {index} lies past T={int(cu[-1]) if cu.numel() else 0}: it must stay untouched"
+    pos = index - int(starts(cu)[r])
+    v = a["vocab_size"]
+    p = a["target_probs_ptr"][index]
+    q = a["draft_probs_ptr"]
+    w = torch.clamp_min(p - q[index], 0).nan_to_num(0.0) if q is not None else p
+    top = torch.topk(w.nan_to_num(float("-inf")), min(3, v)).indices.tolist()
+    return (
+        f"request {r}, draft position {pos}, token {index}: draft={_get(a['draft_token_ids_ptr'], index)} "
+        f"V={v} NO_DRAFT_PROBS={a['NO_DRAFT_PROBS']} inv_q dtype={a['inv_q_ptr'].dtype}; "
+        f"largest residuals at {top}"
+    )
+
+
+# -- the contracts ---------------------------------------------------------------------------------
+_OUT = dict(role=Role.OUT, ndim=(1, 2))
+
+REJECTION_GREEDY = KernelSpec(
+    name="rejection_greedy_sample_kernel",
+    family="rejection",
+    qualname=f"{_MODULE}.rejection_greedy_sample_kernel",
+    params=(
+        ptr("output_token_ids_ptr", INT, I32, "[B, S+1] rejection output", **_OUT),
+        ptr("cu_num_draft_tokens_ptr", INT, I32, "[B] inclusive cumulative draft counts"),
+        ptr("draft_token_ids_ptr", INT, I32, "[T] draft tokens, may hold -1"),
+        ptr("target_argmax_ptr", INT, I64, "[T] argmax of the target logits"),
+        ptr("bonus_token_ids_ptr", INT, I32, "[B, 1] bonus token per request", ndim=(1, 2)),
+        ptr("is_greedy_ptr", (BOOL,), BOOL, "[B] rows this kernel handles; None = all", optional=True),
+        scalar("max_spec_len", "S; the output row stride is S+1"),
+        ptr("uniform_probs_ptr", (F64,), F64, "[T] uniforms, read in synthetic mode", optional=True),
+        ptr("synthetic_conditional_rates_ptr", (F32,), F32, "[K] conditional acceptance rates", optional=True),
+        constexpr("SYNTHETIC_MODE"),
+    ),
+    grid=lambda a: (a["cu_num_draft_tokens_ptr"].numel(),),
+    preconditions=_greedy_preconditions,
+    flags=(Flag("SYNTHETIC_MODE", "synthetic_conditional_rates_ptr", lambda x: x is not None, "rates is not None"),),
+    explain=_explain_greedy,
+)
+
+REJECTION_RANDOM = KernelSpec(
+    name="rejection_random_sample_kernel",
+    family="rejection",
+    qualname=f"{_MODULE}.rejection_random_sample_kernel",
+    params=(
+        ptr("output_token_ids_ptr", INT, I32, "[B, S+1] rejection output", **_OUT),
+        ptr("cu_num_draft_tokens_ptr", INT, I32, "[B] inclusive cumulative draft counts"),
+        ptr("draft_token_ids_ptr", INT, I32, "[T] draft tokens, may hold -1"),
+        ptr("draft_probs_ptr", (F32,), F32, "[T, V] q, or None for one-hot drafts", optional=True, ndim=(2,)),
+        ptr("target_probs_ptr", (F32,), F32, "[T, V] p", ndim=(2,)),
+        ptr("bonus_token_ids_ptr", INT, I32, "[B, 1] bonus token per request", ndim=(1, 2)),
+        ptr("recovered_token_ids_ptr", INT, I32, "[T] token emitted on rejection"),
+        ptr("uniform_probs_ptr", (F64,), F64, "[T] one uniform per draft token"),
+        ptr("is_greedy_ptr", (BOOL,), BOOL, "[B] rows this kernel skips"),
+        scalar("max_spec_len", "S"),
+        scalar("vocab_size", "V, row stride of the probability tensors"),
+        ptr("synthetic_conditional_rates_ptr", (F32,), F32, "[K] conditional acceptance rates", optional=True),
+        constexpr("NO_DRAFT_PROBS"),
+        constexpr("SYNTHETIC_MODE"),
+    ),
+    grid=lambda a: (a["cu_num_draft_tokens_ptr"].numel(),),
+    preconditions=_random_preconditions,
+    flags=(
+        Flag("NO_DRAFT_PROBS", "draft_probs_ptr", lambda x: x is None, "draft_probs_ptr is None"),
+        Flag("SYNTHETIC_MODE", "synthetic_conditional_rates_ptr", lambda x: x is not None, "rates is not None"),
+    ),
+    explain=_explain_random,
+)
+
+EXPAND = KernelSpec(
+    name="expand_kernel",
+    family="rejection",
+    qualname=f"{_MODULE}.expand_kernel",
+    params=(
+        ptr("output_ptr", (F32, I32, I64), F32, "[T] per-token values, input's dtype", role=Role.OUT),
+        ptr("input_ptr", (F32, I32, I64), F32, "[B] per-request values"),
+        ptr("cu_num_tokens_ptr", INT, I32, "[B] inclusive cumulative token counts"),
+        scalar("replace_from", "value to replace (an int)"),
+        scalar("replace_to", "replacement (an int)"),
+        constexpr("MAX_NUM_TOKENS", "most tokens written per request (128 at the call site)"),
+    ),
+    grid=lambda a: (a["input_ptr"].numel(),),
+    preconditions=_expand_preconditions,
+    explain=_explain_expand,
+)
+
+SAMPLE_RECOVERED = KernelSpec(
+    name="sample_recovered_tokens_kernel",
+    family="rejection",
+    qualname=f"{_MODULE}.sample_recovered_tokens_kernel",
+    params=(
+        ptr("output_token_ids_ptr", INT, I32, "[T] recovered token per draft position", role=Role.OUT),
+        ptr("cu_num_draft_tokens_ptr", INT, I32, "[B] inclusive cumulative draft counts"),
+        ptr("draft_token_ids_ptr", INT, I32, "[T] read only when NO_DRAFT_PROBS"),
+        ptr("draft_probs_ptr", (F32,), F32, "[T, V] q, or None", optional=True, ndim=(2,)),
+        ptr("target_probs_ptr", (F32,), F32, "[T, V] p", ndim=(2,)),
+        ptr("inv_q_ptr", (F32, F64), F32, "[B, V] 1/Exp(1) noise, one row per request", ndim=(2,)),
+        scalar("vocab_size", "V"),
+        constexpr("BLOCK_SIZE", "vocabulary tile width (8192 at the call site)"),
+        constexpr("NO_DRAFT_PROBS"),
+        constexpr("USE_FP64_GUMBEL"),
+    ),
+    # The dispatcher's max_spec_len is not a kernel parameter; max n(r) covers all work (§1.11).
+    grid=lambda a: (a["cu_num_draft_tokens_ptr"].numel(), int(counts(a["cu_num_draft_tokens_ptr"]).max()) if a["cu_num_draft_tokens_ptr"].numel() else 0),
+    preconditions=_recovered_preconditions,
+    flags=(
+        Flag("NO_DRAFT_PROBS", "draft_probs_ptr", lambda x: x is None, "draft_probs_ptr is None"),
+        Flag("USE_FP64_GUMBEL", "inv_q_ptr", lambda x: _is_tensor(x) and x.dtype == torch.float64, "inv_q_ptr is float64"),
+    ),
+    explain=_explain_recovered,
+)
+
+SPECS = (REJECTION_GREEDY, REJECTION_RANDOM, EXPAND, SAMPLE_RECOVERED)

@@ -1,0 +1,110 @@
+// Shared plumbing of the OpenMP port: dtype codes, typed views of caller buffers, and
+// argument checks that raise Python exceptions naming the argument.
+//
+// The Python launch wrappers (cpu_impl/) pass every tensor as (data pointer, dtype code,
+// element count) after checking its type, device, rank and contiguity against the
+// contract. This layer checks the value-level invariants (cumulative counts, lengths,
+// ids inside buffers) before anything is written, then computes with the GIL released.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace specdiff {
+
+namespace py = pybind11;
+
+// Must match cpu_impl/launcher.py.
+enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4 };
+
+struct Buffer {
+  std::uintptr_t ptr;
+  int dtype;
+  std::int64_t numel;
+  bool present() const { return ptr != 0; }
+  template <class T>
+  T* as() const { return reinterpret_cast<T*>(ptr); }
+};
+
+[[noreturn]] inline void fail(const char* kernel, const char* name, const std::string& what) {
+  throw py::value_error(std::string(kernel) + ": '" + name + "' " + what);
+}
+
+inline void need_len(const char* kernel, const char* name, const Buffer& b, std::int64_t n) {
+  if (b.numel < n)
+    fail(kernel, name, "must hold at least " + std::to_string(n) + " elements, has " + std::to_string(b.numel));
+}
+
+// Calls f(T{}) with T the C++ type of an integer buffer's dtype.
+template <class F>
+inline void with_int(const char* kernel, const char* name, int dtype, F&& f) {
+  switch (dtype) {
+    case kInt32: f(std::int32_t{}); return;
+    case kInt64: f(std::int64_t{}); return;
+    default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be int32 or int64");
+  }
+}
+
+template <class F>
+inline void with_float(const char* kernel, const char* name, int dtype, F&& f) {
+  switch (dtype) {
+    case kFloat32: f(float{}); return;
+    case kFloat64: f(double{}); return;
+    default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be float32 or float64");
+  }
+}
+
+// Inclusive cumulative counts (spec §1.2): start(0) is the constant 0, cu[-1] is never read.
+template <class C>
+struct Cumulative {
+  const C* cu;
+  std::int64_t start(std::int64_t r) const { return r == 0 ? 0 : static_cast<std::int64_t>(cu[r - 1]); }
+  std::int64_t end(std::int64_t r) const { return static_cast<std::int64_t>(cu[r]); }
+  std::int64_t count(std::int64_t r) const { return end(r) - start(r); }
+};
+
+// Checks cu is non-negative and non-decreasing; returns its total, T = cu[B-1] (0 if B = 0).
+template <class C>
+inline std::int64_t check_cumulative(const char* kernel, const char* name, const C* cu, std::int64_t b) {
+  std::int64_t prev = 0;
+  for (std::int64_t r = 0; r < b; ++r) {
+    const std::int64_t v = cu[r];
+    if (v < prev)
+      fail(kernel, name,
+           r == 0 ? "must start at a non-negative count" : "must be non-decreasing (entry " + std::to_string(r) + ")");
+    prev = v;
+  }
+  return prev;
+}
+
+}  // namespace specdiff
+
+// A Buffer arrives from Python as a (data_ptr, dtype code, numel) tuple, or None for an
+// absent optional tensor: cheaper than a bound class on every launch.
+namespace pybind11::detail {
+template <>
+struct type_caster<specdiff::Buffer> {
+  PYBIND11_TYPE_CASTER(specdiff::Buffer, const_name("Buffer"));
+  bool load(handle src, bool) {
+    if (src.is_none()) {
+      value = {0, -1, 0};
+      return true;
+    }
+    if (!PyTuple_Check(src.ptr()) || PyTuple_GET_SIZE(src.ptr()) != 3) return false;
+    PyObject* t = src.ptr();
+    value.ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0)));
+    value.dtype = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 1)));
+    value.numel = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2)));
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+  static handle cast(const specdiff::Buffer&, return_value_policy, handle) { return none().release(); }
+};
+}  // namespace pybind11::detail

@@ -1,0 +1,16 @@
+// The extension module cpu_impl._C: one submodule per kernel family.
+#include <omp.h>
+
+#include "common.h"
+
+namespace specdiff {
+void register_rejection(py::module_& m);
+}
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "specdiff's OpenMP port of vLLM's speculative-decoding kernels";
+  auto rejection = m.def_submodule("rejection", "rejection-sampler family");
+  specdiff::register_rejection(rejection);
+  m.def("max_threads", [] { return omp_get_max_threads(); });
+  m.def("set_num_threads", [](int n) { omp_set_num_threads(n); });
+}

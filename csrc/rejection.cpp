@@ -1,0 +1,347 @@
+// OpenMP port of the rejection-sampler kernels (spec §2.1–§2.4).
+//
+// Each entry mirrors the PyTorch oracle in reference/rejection.py step by step, reads the
+// caller's buffers in their own dtypes (templates, no widened copies) and writes results in
+// place. Built with -ffp-contract=off and without fast-math (spec §1.8).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common.h"
+
+namespace specdiff {
+namespace {
+
+constexpr const char* kGreedy = "rejection_greedy_sample_kernel";
+constexpr const char* kRandom = "rejection_random_sample_kernel";
+constexpr const char* kExpand = "expand_kernel";
+constexpr const char* kRecovered = "sample_recovered_tokens_kernel";
+
+// Rows are independent; below this many, thread start-up costs more than the work.
+constexpr std::int64_t kParallelRows = 256;
+
+// Rows a rejection kernel processes: is_greedy[r] == want, or every row without a mask.
+inline bool processes(const bool* is_greedy, std::int64_t r, bool want) {
+  return is_greedy == nullptr || is_greedy[r] == want;
+}
+
+// Shared argument checks of K1 and K2; returns T.
+template <class C>
+std::int64_t check_rows(const char* kernel, const Buffer& out, const C* cu, std::int64_t b, const Buffer& draft,
+                        const Buffer& bonus, const Buffer& is_greedy, bool want, std::int64_t max_spec_len,
+                        std::int64_t* max_count) {
+  if (max_spec_len < 0) fail(kernel, "max_spec_len", "must be >= 0, got " + std::to_string(max_spec_len));
+  const std::int64_t t = check_cumulative(kernel, "cu_num_draft_tokens_ptr", cu, b);
+  need_len(kernel, "output_token_ids_ptr", out, b * (max_spec_len + 1));
+  need_len(kernel, "draft_token_ids_ptr", draft, t);
+  need_len(kernel, "bonus_token_ids_ptr", bonus, b);
+  if (is_greedy.present()) need_len(kernel, "is_greedy_ptr", is_greedy, b);
+  const Cumulative<C> c{cu};
+  const bool* g = is_greedy.present() ? is_greedy.as<bool>() : nullptr;
+  std::int64_t most = 0;
+  for (std::int64_t r = 0; r < b; ++r)
+    if (processes(g, r, want)) most = std::max(most, c.count(r));
+  if (most > max_spec_len)
+    fail(kernel, "max_spec_len", "must be >= every processed row's draft count (" + std::to_string(most) + ")");
+  *max_count = most;
+  return t;
+}
+
+void rejection_greedy_sample(Buffer out, Buffer cu, Buffer draft, Buffer argmax, Buffer bonus, Buffer is_greedy,
+                             std::int64_t max_spec_len, Buffer uniform, Buffer rates, bool synthetic) {
+  with_int(kGreedy, "cu_num_draft_tokens_ptr", cu.dtype, [&](auto c_) {
+    using C = decltype(c_);
+    const std::int64_t b = cu.numel;
+    std::int64_t most = 0;
+    const std::int64_t t = check_rows(kGreedy, out, cu.as<C>(), b, draft, bonus, is_greedy, true, max_spec_len, &most);
+    need_len(kGreedy, "target_argmax_ptr", argmax, t);
+    if (synthetic) {
+      if (!uniform.present()) fail(kGreedy, "uniform_probs_ptr", "is required in synthetic mode");
+      need_len(kGreedy, "uniform_probs_ptr", uniform, t);
+      need_len(kGreedy, "synthetic_conditional_rates_ptr", rates, most);
+    }
+    with_int(kGreedy, "output_token_ids_ptr", out.dtype, [&](auto o_) {
+      with_int(kGreedy, "draft_token_ids_ptr", draft.dtype, [&](auto d_) {
+        with_int(kGreedy, "target_argmax_ptr", argmax.dtype, [&](auto a_) {
+          with_int(kGreedy, "bonus_token_ids_ptr", bonus.dtype, [&](auto x_) {
+            using O = decltype(o_);
+            using D = decltype(d_);
+            using A = decltype(a_);
+            using X = decltype(x_);
+            O* o = out.as<O>();
+            const D* d = draft.as<D>();
+            const A* am = argmax.as<A>();
+            const X* bon = bonus.as<X>();
+            const bool* g = is_greedy.present() ? is_greedy.as<bool>() : nullptr;
+            const double* u = uniform.present() ? uniform.as<double>() : nullptr;
+            const float* rate = rates.present() ? rates.as<float>() : nullptr;
+            const Cumulative<C> c{cu.as<C>()};
+            const std::int64_t row_stride = max_spec_len + 1;  // from the argument (C2)
+            py::gil_scoped_release nogil;
+#pragma omp parallel for if (b >= kParallelRows) schedule(static)
+            for (std::int64_t r = 0; r < b; ++r) {
+              if (!processes(g, r, true)) continue;
+              const std::int64_t s = c.start(r), n = c.count(r);
+              O* row = o + r * row_stride;
+              bool rejected = false;
+              for (std::int64_t pos = 0; pos < n; ++pos) {
+                const std::int64_t dv = d[s + pos];
+                const std::int32_t av = static_cast<std::int32_t>(am[s + pos]);  // narrowed, as the kernel does
+                bool accept;
+                if (synthetic) {
+                  // float64 u against the float32 rate widened exactly; strict; -1 drafts never pass.
+                  accept = u[s + pos] < static_cast<double>(rate[pos]) && dv >= 0;
+                  row[pos] = static_cast<O>(accept ? dv : av);
+                } else {
+                  accept = dv == av;
+                  row[pos] = static_cast<O>(av);
+                }
+                if (!accept) {
+                  rejected = true;
+                  break;
+                }
+              }
+              if (!rejected) row[n] = static_cast<O>(bon[r]);
+            }
+          });
+        });
+      });
+    });
+  });
+}
+
+void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_probs, Buffer target_probs,
+                             Buffer bonus, Buffer recovered, Buffer uniform, Buffer is_greedy, std::int64_t max_spec_len,
+                             std::int64_t vocab_size, Buffer rates, bool no_draft_probs, bool synthetic) {
+  if (!is_greedy.present()) throw py::type_error(std::string(kRandom) + ": 'is_greedy_ptr' must be a tensor, got None");
+  if (vocab_size < 1) fail(kRandom, "vocab_size", "must be >= 1, got " + std::to_string(vocab_size));
+  with_int(kRandom, "cu_num_draft_tokens_ptr", cu.dtype, [&](auto c_) {
+    using C = decltype(c_);
+    const std::int64_t b = cu.numel;
+    std::int64_t most = 0;
+    const std::int64_t t = check_rows(kRandom, out, cu.as<C>(), b, draft, bonus, is_greedy, false, max_spec_len, &most);
+    need_len(kRandom, "uniform_probs_ptr", uniform, t);
+    need_len(kRandom, "recovered_token_ids_ptr", recovered, t);
+    need_len(kRandom, "target_probs_ptr", target_probs, t * vocab_size);
+    if (!no_draft_probs) need_len(kRandom, "draft_probs_ptr", draft_probs, t * vocab_size);
+    if (synthetic) need_len(kRandom, "synthetic_conditional_rates_ptr", rates, most);
+    const Cumulative<C> c{cu.as<C>()};
+    const bool* g = is_greedy.as<bool>();
+    with_int(kRandom, "draft_token_ids_ptr", draft.dtype, [&](auto d_) {
+      using D = decltype(d_);
+      const D* d = draft.as<D>();
+      if (!synthetic) {
+        // An id >= V would read another row's probability (C11): invalid input.
+        for (std::int64_t r = 0; r < b; ++r) {
+          if (g[r]) continue;
+          for (std::int64_t i = c.start(r); i < c.end(r); ++i)
+            if (static_cast<std::int64_t>(d[i]) >= vocab_size)
+              fail(kRandom, "draft_token_ids_ptr",
+                   "must hold ids < vocab_size (" + std::to_string(vocab_size) + ") outside synthetic mode, got " +
+                       std::to_string(static_cast<std::int64_t>(d[i])));
+        }
+      }
+      with_int(kRandom, "output_token_ids_ptr", out.dtype, [&](auto o_) {
+        with_int(kRandom, "bonus_token_ids_ptr", bonus.dtype, [&](auto x_) {
+          with_int(kRandom, "recovered_token_ids_ptr", recovered.dtype, [&](auto rc_) {
+            using O = decltype(o_);
+            using X = decltype(x_);
+            using RC = decltype(rc_);
+            O* o = out.as<O>();
+            const X* bon = bonus.as<X>();
+            const RC* rec = recovered.as<RC>();
+            const double* u = uniform.as<double>();
+            const float* p = target_probs.as<float>();
+            const float* q = no_draft_probs ? nullptr : draft_probs.as<float>();
+            const float* rate = synthetic ? rates.as<float>() : nullptr;
+            const std::int64_t row_stride = max_spec_len + 1;
+            py::gil_scoped_release nogil;
+#pragma omp parallel for if (b >= kParallelRows) schedule(static)
+            for (std::int64_t r = 0; r < b; ++r) {
+              if (g[r]) continue;
+              const std::int64_t s = c.start(r), n = c.count(r);
+              O* row = o + r * row_stride;
+              bool rejected = false;
+              for (std::int64_t pos = 0; pos < n; ++pos) {
+                const std::int64_t tok = s + pos;
+                const std::int64_t dv = d[tok];
+                bool accept = false;
+                if (dv < 0) {
+                  accept = false;  // the -1 padding: no probability or rate is read (C10)
+                } else if (synthetic) {
+                  accept = u[tok] < static_cast<double>(rate[pos]);  // strict (C8)
+                } else {
+                  const std::int64_t cell = tok * vocab_size + dv;
+                  const float pv = p[cell];
+                  const float qv = no_draft_probs ? 1.0f : q[cell];
+                  const float ratio = pv / qv;  // IEEE float32 quotient (C6)
+                  // q == 0 and NaN reject (C9); the ratio is widened exactly, non-strict test.
+                  accept = qv > 0.0f && static_cast<double>(ratio) >= u[tok];
+                }
+                if (accept) {
+                  row[pos] = static_cast<O>(dv);
+                } else {
+                  row[pos] = static_cast<O>(rec[tok]);
+                  rejected = true;
+                  break;
+                }
+              }
+              if (!rejected) row[n] = static_cast<O>(bon[r]);
+            }
+          });
+        });
+      });
+    });
+  });
+}
+
+void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std::int64_t replace_to,
+            std::int64_t max_num_tokens) {
+  if (out.dtype != input.dtype) throw py::type_error(std::string(kExpand) + ": 'output_ptr' must have the input's dtype");
+  if (cu.numel != input.numel)
+    fail(kExpand, "cu_num_tokens_ptr", "must have one entry per input value (" + std::to_string(input.numel) + ")");
+  if (max_num_tokens < 1 || (max_num_tokens & (max_num_tokens - 1)) != 0)
+    fail(kExpand, "MAX_NUM_TOKENS", "must be a power of two, got " + std::to_string(max_num_tokens));
+  for (auto [name, v] : {std::pair{"replace_from", replace_from}, std::pair{"replace_to", replace_to}})
+    if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
+      fail(kExpand, name, "must be representable in int32");
+  with_int(kExpand, "cu_num_tokens_ptr", cu.dtype, [&](auto c_) {
+    using C = decltype(c_);
+    const std::int64_t b = cu.numel;
+    const std::int64_t t = check_cumulative(kExpand, "cu_num_tokens_ptr", cu.as<C>(), b);
+    need_len(kExpand, "output_ptr", out, t);
+    auto run = [&](auto v_) {
+      using V = decltype(v_);
+      V* o = out.as<V>();
+      const V* x = input.as<V>();
+      // The test and the replacement happen in the data's dtype (C18).
+      const V from = static_cast<V>(replace_from), to = static_cast<V>(replace_to);
+      const Cumulative<C> c{cu.as<C>()};
+      py::gil_scoped_release nogil;
+#pragma omp parallel for if (b >= kParallelRows) schedule(static)
+      for (std::int64_t r = 0; r < b; ++r) {
+        const V v = x[r] == from ? to : x[r];
+        const std::int64_t s = c.start(r), n = std::min(c.count(r), max_num_tokens);
+        std::fill(o + s, o + s + n, v);
+      }
+    };
+    switch (input.dtype) {
+      case kFloat32: run(float{}); break;
+      case kInt32: run(std::int32_t{}); break;
+      case kInt64: run(std::int64_t{}); break;
+      default: throw py::type_error(std::string(kExpand) + ": 'input_ptr' must be float32, int32 or int64");
+    }
+  });
+}
+
+// K4 splits each draft row's vocabulary into fixed chunks so that a single long request still
+// spreads over every core; the chunking never depends on the thread count, so neither do results.
+constexpr std::int64_t kChunk = 4096;
+
+struct Best {
+  double value;
+  std::int64_t index;
+};
+
+// Lowest index of the largest non-NaN score in [lo, hi) of one draft row (C15). Scores are
+// formed exactly as the oracle forms them: one float32 subtraction, then a float32 (or, with
+// the fp64 option, float64) product.
+template <class S, bool NoDraft>
+Best chunk_best(const float* p, const float* q, const S* inv_q, std::int64_t lo, std::int64_t hi,
+                std::int64_t draft_id) {
+  S buf[kChunk];
+  S m = -std::numeric_limits<S>::infinity();
+  const std::int64_t len = hi - lo;
+#pragma omp simd reduction(max : m)
+  for (std::int64_t k = 0; k < len; ++k) {
+    const std::int64_t j = lo + k;
+    float w;
+    if constexpr (NoDraft) {
+      w = j == draft_id ? 0.0f : p[j];
+    } else {
+      const float diff = p[j] - q[j];
+      w = diff > 0.0f ? diff : 0.0f;  // max(p - q, 0) with NaN giving 0 (C16)
+    }
+    S s = static_cast<S>(w) * inv_q[j];
+    s = s == s ? s : -std::numeric_limits<S>::infinity();  // NaN never wins
+    buf[k] = s;
+    m = s > m ? s : m;
+  }
+  for (std::int64_t k = 0; k < len; ++k)
+    if (buf[k] == m) return {static_cast<double>(m), lo + k};  // -0.0 == 0.0: a tie, lowest index
+  return {static_cast<double>(m), lo};
+}
+
+void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_probs, Buffer target_probs,
+                             Buffer inv_q, std::int64_t vocab_size, std::int64_t block_size, bool no_draft_probs,
+                             bool use_fp64_gumbel) {
+  if (vocab_size < 1) fail(kRecovered, "vocab_size", "must be >= 1, got " + std::to_string(vocab_size));
+  if (block_size < 1 || (block_size & (block_size - 1)) != 0)
+    fail(kRecovered, "BLOCK_SIZE", "must be a power of two, got " + std::to_string(block_size));
+  if (use_fp64_gumbel != (inv_q.dtype == kFloat64))
+    fail(kRecovered, "USE_FP64_GUMBEL", "must be inv_q_ptr is float64");
+  with_int(kRecovered, "cu_num_draft_tokens_ptr", cu.dtype, [&](auto c_) {
+    using C = decltype(c_);
+    const std::int64_t b = cu.numel;
+    const std::int64_t t = check_cumulative(kRecovered, "cu_num_draft_tokens_ptr", cu.as<C>(), b);
+    need_len(kRecovered, "output_token_ids_ptr", out, t);
+    need_len(kRecovered, "draft_token_ids_ptr", draft, t);
+    need_len(kRecovered, "target_probs_ptr", target_probs, t * vocab_size);
+    if (!no_draft_probs) need_len(kRecovered, "draft_probs_ptr", draft_probs, t * vocab_size);
+    need_len(kRecovered, "inv_q_ptr", inv_q, b * vocab_size);
+    if (t == 0) return;
+    const Cumulative<C> c{cu.as<C>()};
+    std::vector<std::int64_t> request(t);  // the request of each draft token
+    for (std::int64_t r = 0; r < b; ++r)
+      for (std::int64_t i = c.start(r); i < c.end(r); ++i) request[i] = r;
+    with_int(kRecovered, "draft_token_ids_ptr", draft.dtype, [&](auto d_) {
+      with_int(kRecovered, "output_token_ids_ptr", out.dtype, [&](auto o_) {
+        with_float(kRecovered, "inv_q_ptr", inv_q.dtype, [&](auto s_) {
+          using D = decltype(d_);
+          using O = decltype(o_);
+          using S = decltype(s_);
+          const D* d = draft.as<D>();
+          O* o = out.as<O>();
+          const float* p = target_probs.as<float>();
+          const float* q = no_draft_probs ? nullptr : draft_probs.as<float>();
+          const S* iq = inv_q.as<S>();
+          const std::int64_t chunks = (vocab_size + kChunk - 1) / kChunk;
+          std::vector<Best> best(t * chunks);
+          py::gil_scoped_release nogil;
+#pragma omp parallel for schedule(static) if (t * vocab_size >= 32768)
+          for (std::int64_t w = 0; w < t * chunks; ++w) {
+            const std::int64_t tok = w / chunks, lo = (w % chunks) * kChunk;
+            const std::int64_t hi = std::min(lo + kChunk, vocab_size);
+            const float* prow = p + tok * vocab_size;
+            const float* qrow = q ? q + tok * vocab_size : nullptr;
+            const S* irow = iq + request[tok] * vocab_size;
+            best[w] = no_draft_probs ? chunk_best<S, true>(prow, qrow, irow, lo, hi, static_cast<std::int64_t>(d[tok]))
+                                     : chunk_best<S, false>(prow, qrow, irow, lo, hi, -1);
+          }
+#pragma omp parallel for schedule(static) if (t >= kParallelRows)
+          for (std::int64_t tok = 0; tok < t; ++tok) {
+            // Strictly larger replaces: ties across chunks go to the earlier one; all -inf gives 0.
+            Best acc{-std::numeric_limits<double>::infinity(), 0};
+            for (std::int64_t k = 0; k < chunks; ++k)
+              if (best[tok * chunks + k].value > acc.value) acc = best[tok * chunks + k];
+            o[tok] = static_cast<O>(acc.index);
+          }
+        });
+      });
+    });
+  });
+}
+
+}  // namespace
+
+void register_rejection(py::module_& m) {
+  m.def("rejection_greedy_sample", &rejection_greedy_sample);
+  m.def("rejection_random_sample", &rejection_random_sample);
+  m.def("expand", &expand);
+  m.def("sample_recovered_tokens", &sample_recovered_tokens);
+}
+
+}  // namespace specdiff

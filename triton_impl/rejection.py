@@ -1,0 +1,206 @@
+"""Triton kernels of the rejection sampler, with vLLM 0.33.0's names, parameters and grids.
+
+Launched as ``kernel[grid](...)``: K1, K2 and K3 with grid ``(B,)``; K4 with
+``(B, max_spec_len)``. Two deliberate departures from 0.33.0's bodies, both contract
+requirements: every flat offset is widened to int64 before it is multiplied (C4), and the
+K2 ratio uses IEEE round-to-nearest division, where compiled 0.33.0 divides approximately (C6).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _request_start(cu_ptr, req_idx):
+    """start(r): the constant 0 for request 0, so cu[-1] is never read (C1)."""
+    if req_idx == 0:
+        start = tl.zeros((), dtype=cu_ptr.dtype.element_ty)
+    else:
+        start = tl.load(cu_ptr + req_idx - 1)
+    return start
+
+
+@triton.jit(do_not_specialize=["max_spec_len"])
+def rejection_greedy_sample_kernel(
+    output_token_ids_ptr,  # [B, S+1] int32/int64, rows of stride max_spec_len + 1
+    cu_num_draft_tokens_ptr,  # [B] int32/int64, inclusive cumulative draft counts
+    draft_token_ids_ptr,  # [T] int32/int64, may hold -1
+    target_argmax_ptr,  # [T] int64 (int32 accepted), argmax of the target logits
+    bonus_token_ids_ptr,  # [B, 1] int32/int64, read flat
+    is_greedy_ptr,  # [B] bool, or None when every row is greedy
+    max_spec_len,  # S
+    uniform_probs_ptr,  # [T] float64, read only in synthetic mode
+    synthetic_conditional_rates_ptr,  # [K] float32 or None
+    SYNTHETIC_MODE: tl.constexpr,  # rates is not None: accept u < rates[pos] instead of argmax equality
+):
+    req_idx = tl.program_id(0)
+    if is_greedy_ptr is None:
+        is_greedy = True
+    else:
+        is_greedy = tl.load(is_greedy_ptr + req_idx)
+    if not is_greedy:
+        return
+
+    start_idx = _request_start(cu_num_draft_tokens_ptr, req_idx).to(tl.int64)
+    end_idx = tl.load(cu_num_draft_tokens_ptr + req_idx).to(tl.int64)
+    num_draft_tokens = end_idx - start_idx
+    row = req_idx.to(tl.int64) * (max_spec_len + 1)
+
+    rejected = False
+    for pos in range(num_draft_tokens):
+        if not rejected:
+            draft_token_id = tl.load(draft_token_ids_ptr + start_idx + pos)
+            target_argmax_id = tl.load(target_argmax_ptr + start_idx + pos).to(tl.int32)
+            if SYNTHETIC_MODE:
+                u = tl.load(uniform_probs_ptr + start_idx + pos)
+                rate = tl.load(synthetic_conditional_rates_ptr + pos)
+                accepted = (u < rate) & (draft_token_id >= 0)  # float64 compare; strict (C8)
+                token_id = tl.where(accepted, draft_token_id, target_argmax_id)
+                tl.store(output_token_ids_ptr + row + pos, token_id)
+                rejected = accepted == 0
+            else:
+                tl.store(output_token_ids_ptr + row + pos, target_argmax_id)
+                rejected = draft_token_id != target_argmax_id
+
+    if not rejected:
+        bonus_token_id = tl.load(bonus_token_ids_ptr + req_idx)
+        tl.store(output_token_ids_ptr + row + num_draft_tokens, bonus_token_id)
+
+
+@triton.jit(do_not_specialize=["max_spec_len"])
+def rejection_random_sample_kernel(
+    output_token_ids_ptr,  # [B, S+1] int32/int64
+    cu_num_draft_tokens_ptr,  # [B] int32/int64, inclusive
+    draft_token_ids_ptr,  # [T] int32/int64
+    draft_probs_ptr,  # [T, V] float32 q, or None
+    target_probs_ptr,  # [T, V] float32 p
+    bonus_token_ids_ptr,  # [B, 1] int32/int64, read flat
+    recovered_token_ids_ptr,  # [T] int32/int64, emitted on rejection
+    uniform_probs_ptr,  # [T] float64
+    is_greedy_ptr,  # [B] bool: rows this kernel skips
+    max_spec_len,  # S
+    vocab_size,  # V, row stride of the probability tensors
+    synthetic_conditional_rates_ptr,  # [K] float32 or None
+    NO_DRAFT_PROBS: tl.constexpr,  # drafts are one-hot: q = 1
+    SYNTHETIC_MODE: tl.constexpr,  # accept u < rates[pos]; probabilities are not read
+):
+    req_idx = tl.program_id(0)
+    is_greedy = tl.load(is_greedy_ptr + req_idx)
+    if is_greedy:
+        return
+
+    start_idx = _request_start(cu_num_draft_tokens_ptr, req_idx).to(tl.int64)
+    end_idx = tl.load(cu_num_draft_tokens_ptr + req_idx).to(tl.int64)
+    num_draft_tokens = end_idx - start_idx
+    row = req_idx.to(tl.int64) * (max_spec_len + 1)
+
+    rejected = False
+    for pos in range(num_draft_tokens):
+        if not rejected:
+            token_idx = start_idx + pos
+            draft_token_id = tl.load(draft_token_ids_ptr + token_idx)
+            uniform_prob = tl.load(uniform_probs_ptr + token_idx)
+            # A negative draft (the -1 padding) is rejected before any probability or rate is read (C10).
+            valid = draft_token_id >= 0
+            if SYNTHETIC_MODE:
+                rate = tl.load(synthetic_conditional_rates_ptr + pos, mask=valid, other=0.0)
+                accepted = valid & (uniform_prob < rate)
+            else:
+                cell = token_idx * vocab_size + draft_token_id
+                target_prob = tl.load(target_probs_ptr + cell, mask=valid, other=0.0)
+                if NO_DRAFT_PROBS:
+                    ratio = target_prob  # p / 1 is exact
+                    accepted = valid & (ratio >= uniform_prob)
+                else:
+                    draft_prob = tl.load(draft_probs_ptr + cell, mask=valid, other=0.0)
+                    ratio = tl.math.div_rn(target_prob, draft_prob)  # IEEE-rounded float32 (C6)
+                    # q == 0 rejects whatever p and u are; NaN fails every comparison (C9).
+                    accepted = valid & (draft_prob > 0) & (ratio >= uniform_prob)
+            if accepted:
+                token_id = draft_token_id
+            else:
+                rejected = True
+                token_id = tl.load(recovered_token_ids_ptr + token_idx)
+            tl.store(output_token_ids_ptr + row + pos, token_id)
+
+    if not rejected:
+        bonus_token_id = tl.load(bonus_token_ids_ptr + req_idx)
+        tl.store(output_token_ids_ptr + row + num_draft_tokens, bonus_token_id)
+
+
+@triton.jit(do_not_specialize=["replace_from", "replace_to"])
+def expand_kernel(
+    output_ptr,  # [T] float32/int32/int64, the input's dtype
+    input_ptr,  # [B] float32/int32/int64, one value per request
+    cu_num_tokens_ptr,  # [B] int32/int64, inclusive
+    replace_from,  # int, compared in the data's dtype
+    replace_to,  # int, converted to the data's dtype
+    MAX_NUM_TOKENS: tl.constexpr,  # most tokens written per request (128 at the call site)
+):
+    req_idx = tl.program_id(0)
+    start_idx = _request_start(cu_num_tokens_ptr, req_idx).to(tl.int64)
+    end_idx = tl.load(cu_num_tokens_ptr + req_idx).to(tl.int64)
+    num_tokens = end_idx - start_idx
+
+    src_val = tl.load(input_ptr + req_idx)
+    src_val = tl.where(src_val == replace_from, replace_to, src_val).to(src_val.dtype)
+    offset = tl.arange(0, MAX_NUM_TOKENS)
+    tl.store(output_ptr + start_idx + offset, src_val, mask=offset < num_tokens)
+
+
+@triton.jit
+def sample_recovered_tokens_kernel(
+    output_token_ids_ptr,  # [T] int32/int64
+    cu_num_draft_tokens_ptr,  # [B] int32/int64, inclusive
+    draft_token_ids_ptr,  # [T] int32/int64, read only when NO_DRAFT_PROBS
+    draft_probs_ptr,  # [T, V] float32 q, or None
+    target_probs_ptr,  # [T, V] float32 p
+    inv_q_ptr,  # [B, V] float32, or float64 with USE_FP64_GUMBEL: 1/Exp(1) noise per request
+    vocab_size,  # V
+    BLOCK_SIZE: tl.constexpr,  # vocabulary tile; results never depend on it
+    NO_DRAFT_PROBS: tl.constexpr,  # residual = p with the draft's lane zeroed
+    USE_FP64_GUMBEL: tl.constexpr,  # widen the residual and multiply in float64
+):
+    req_idx = tl.program_id(0)
+    pos = tl.program_id(1)
+    start_idx = _request_start(cu_num_draft_tokens_ptr, req_idx).to(tl.int64)
+    end_idx = tl.load(cu_num_draft_tokens_ptr + req_idx).to(tl.int64)
+    if pos >= end_idx - start_idx:
+        return
+    token_idx = start_idx + pos
+    probs_row = token_idx * vocab_size
+    noise_row = req_idx.to(tl.int64) * vocab_size
+    if NO_DRAFT_PROBS:
+        draft_token_id = tl.load(draft_token_ids_ptr + token_idx)
+
+    if USE_FP64_GUMBEL:
+        best = tl.full((), float("-inf"), tl.float64)
+    else:
+        best = tl.full((), float("-inf"), tl.float32)
+    best_idx = tl.zeros((), dtype=tl.int32)
+    for off in range(0, vocab_size, BLOCK_SIZE):
+        cols = off + tl.arange(0, BLOCK_SIZE)
+        in_vocab = cols < vocab_size
+        if NO_DRAFT_PROBS:
+            # Exactly the draft's lane is zeroed; an out-of-vocabulary id zeroes nothing (C16).
+            residual = tl.load(target_probs_ptr + probs_row + cols, mask=in_vocab & (cols != draft_token_id), other=0.0)
+        else:
+            p = tl.load(target_probs_ptr + probs_row + cols, mask=in_vocab, other=0.0)
+            q = tl.load(draft_probs_ptr + probs_row + cols, mask=in_vocab, other=0.0)
+            diff = p - q
+            residual = tl.where(diff > 0, diff, 0.0)  # max(p - q, 0) with NaN giving 0 on every platform
+        inv_q = tl.load(inv_q_ptr + noise_row + cols, mask=in_vocab, other=0.0)
+        if USE_FP64_GUMBEL:
+            score = residual.to(tl.float64) * inv_q
+        else:
+            score = residual * inv_q
+        # NaN scores and lanes past V never win; mapping them to -inf also keeps the
+        # interpreter's all-NaN tile max from raising.
+        score = tl.where(in_vocab & (score == score), score, float("-inf"))
+        tile_max, tile_idx = tl.max(score, axis=0, return_indices=True)
+        if tile_max > best:  # strictly larger: ties go to the earlier tile (C15)
+            best = tile_max
+            best_idx = off + tile_idx
+    tl.store(output_token_ids_ptr + token_idx, best_idx)
