@@ -25,7 +25,7 @@ struct Buffer {
   std::uintptr_t ptr;
   int dtype;
   std::int64_t numel;
-  bool present() const { return ptr != 0; }
+  bool present() const { return dtype >= 0; }  // an empty tensor may have a null data pointer
   template <class T>
   T* as() const { return reinterpret_cast<T*>(ptr); }
 };

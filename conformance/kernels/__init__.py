@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from conformance.contract import KernelSpec
-from conformance.kernels import rejection
+from conformance.kernels import dflash, eagle, rejection, slot_mapping
 
-SPECS: dict[str, KernelSpec] = {s.name: s for s in rejection.SPECS}
-FAMILIES: dict[str, tuple[KernelSpec, ...]] = {"rejection": rejection.SPECS}
+FAMILIES: dict[str, tuple[KernelSpec, ...]] = {
+    "rejection": rejection.SPECS,
+    "eagle": eagle.SPECS,
+    "dflash": dflash.SPECS,
+    "slot_mapping": slot_mapping.SPECS,
+}
+SPECS: dict[str, KernelSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 
 
 def get(name: str) -> KernelSpec:

@@ -1,0 +1,92 @@
+"""Backends register on the kernel contracts by name; the runner launches whatever is registered.
+
+A backend is a way to get, for a :class:`KernelSpec`, an object launched as
+``kernel[grid](**args)``. The three built-in backends resolve the kernel by its vLLM name in
+their own module of the kernel's family (``reference.rejection``, ``triton_impl.rejection``,
+``cpu_impl.rejection``). A fourth backend — an engine's own kernels, say — registers with
+:func:`register_backend`, or from another package through the ``specdiff.backends`` entry-point
+group, without editing this file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from conformance.contract import KernelSpec
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    # Returns the kernel object for ``spec`` or None when this backend does not implement it.
+    resolve: Callable[[KernelSpec], Any]
+    # Device the backend's tensors live on: "cpu" or "cuda".
+    device: Callable[[], str]
+    # How it runs, for reports: "oracle", "native", "compiled", "interpreted".
+    mode: Callable[[], str]
+    # None when usable here, else why not.
+    unavailable: Callable[[], str | None] = lambda: None
+    # The oracle is a plain function: called as kernel(**args), not kernel[grid](**args).
+    gridless: bool = False
+
+
+BACKENDS: dict[str, Backend] = {}
+ORACLE = "reference"
+
+
+def register_backend(backend: Backend) -> Backend:
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+def _from_family(package: str) -> Callable[[KernelSpec], Any]:
+    def resolve(spec: KernelSpec) -> Any:
+        try:
+            module = importlib.import_module(f"{package}.{spec.family}")
+        except ModuleNotFoundError as e:
+            if e.name == f"{package}.{spec.family}":
+                return None
+            raise
+        return getattr(module, spec.name, None)
+
+    return resolve
+
+
+def _triton_mode() -> str:
+    import triton_impl
+
+    return triton_impl.mode()
+
+
+def _triton_device() -> str:
+    import triton_impl
+
+    return triton_impl.device()
+
+
+def _triton_unavailable() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:  # pragma: no cover - triton is a dependency
+        return f"triton is not importable: {e}"
+    return None
+
+
+def _cpu_unavailable() -> str | None:
+    try:
+        importlib.import_module("cpu_impl._C")
+    except ImportError as e:
+        return f"the C++ extension is not built: {e}"
+    return None
+
+
+register_backend(Backend(ORACLE, _from_family("reference"), lambda: "cpu", lambda: "oracle", gridless=True))
+register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable))
+register_backend(Backend("cpu", _from_family("cpu_impl"), lambda: "cpu", lambda: "native", _cpu_unavailable))
+
+for _ep in importlib.metadata.entry_points(group="specdiff.backends"):
+    register_backend(_ep.load())

@@ -1,0 +1,222 @@
+"""``python -m conformance``: run the three-way conformance suite, replay a saved case.
+
+    python -m conformance run [--profile ci] [--kernel NAME ...] [--backend NAME ...]
+    python -m conformance replay reports/failures/<kernel>.pt
+    python -m conformance list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+from hypothesis import given, settings
+
+from conformance import kernels
+from conformance.backends import BACKENDS, ORACLE
+from conformance.runner import Disagreement, load_case, replay_command, run_case, save_case
+
+BUILT_IN = ("reference", "triton", "cpu")
+
+
+def _backend_mode(name: str) -> str:
+    mode = BACKENDS[name].mode()
+    if name == "cpu":
+        from cpu_impl import _C
+
+        mode += f", {_C.max_threads()} threads"
+    return mode
+
+
+def check_kernel(name: str, backends: list[str], seed: int | None) -> dict[str, dict[str, Any]]:
+    """Runs the kernel's Hypothesis cases through ``backends``; returns a per-backend report."""
+    from conformance.strategies import cases
+
+    tally: Counter[str] = Counter()
+    odd: Counter[str] = Counter()
+
+    @given(case=cases(name))
+    def prop(case: Any) -> None:
+        tally["examples"] += 1
+        try:
+            run_case(case, backends)
+        except Disagreement as d:
+            odd.update(d.backends)
+            path = save_case(case)
+            raise Disagreement(f"{d}\n  replay: {replay_command(path)}", d.backends) from None
+
+    if seed is not None:
+        prop = hypothesis.seed(seed)(prop)
+    failure: BaseException | None = None
+    started = time.perf_counter()
+    try:
+        prop()
+    except Disagreement as d:
+        failure = d
+    except Exception as e:  # a harness or strategy error: every backend's result is unknown
+        failure = e
+    elapsed = time.perf_counter() - started
+
+    report = {}
+    for b in backends:
+        entry: dict[str, Any] = {
+            "status": "pass",
+            "examples": tally["examples"],
+            "failures": odd[b],
+            "mode": _backend_mode(b),
+            "seconds": round(elapsed, 2),
+            "message": None,
+        }
+        if isinstance(failure, Disagreement) and b in failure.backends:
+            entry["status"] = "fail"
+            entry["message"] = str(failure)
+        elif failure is not None and not isinstance(failure, Disagreement):
+            entry["status"] = "error"
+            entry["message"] = "".join(traceback.format_exception(failure)[-6:])
+        report[b] = entry
+    return report
+
+
+def _available(spec_name: str, wanted: list[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    spec = kernels.get(spec_name)
+    runnable, skipped = [], {}
+    for b in wanted:
+        backend = BACKENDS[b]
+        why = backend.unavailable()
+        if why is None and backend.resolve(spec) is None:
+            skipped[b] = {"status": "missing", "examples": 0, "failures": 0, "mode": backend.mode(), "message": f"{b} has no {spec.name}"}
+        elif why is not None:
+            skipped[b] = {"status": "skipped", "examples": 0, "failures": 0, "mode": "-", "message": why}
+        else:
+            runnable.append(b)
+    return runnable, skipped
+
+
+def _table(results: dict[str, dict[str, dict[str, Any]]], backends: list[str]) -> str:
+    width = max(len(k) for k in results) + 2
+    cols = [f"{'kernel':<{width}}"] + [f"{b:<26}" for b in backends]
+    lines = ["".join(cols), "-" * (width + 26 * len(backends))]
+    for kernel, per in results.items():
+        row = [f"{kernel:<{width}}"]
+        for b in backends:
+            e = per.get(b)
+            cell = "-" if e is None else f"{e['status']} {e['examples']} ({e['mode']})"
+            row.append(f"{cell:<26}")
+        lines.append("".join(row))
+    return "\n".join(lines)
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    settings.load_profile(ns.profile)
+    profile = settings.get_profile(ns.profile)
+    seed = ns.seed
+    if seed is None and not profile.derandomize:
+        seed = random.getrandbits(32)  # printed, so any failure can be replayed with --seed
+    names = ns.kernel or list(kernels.SPECS)
+    backends = ns.backend or [b for b in BACKENDS]
+    if ORACLE not in backends:
+        backends.insert(0, ORACLE)
+    print(
+        f"specdiff conformance: profile {ns.profile} ({profile.max_examples} examples per kernel, "
+        f"{'derandomized' if profile.derandomize else f'seed {seed}'}); triton {_backend_mode('triton') if 'triton' in BACKENDS else '-'}",
+        flush=True,
+    )
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        runnable, skipped = _available(name, backends)
+        per = check_kernel(name, runnable, seed) if len(runnable) > 1 else {}
+        per.update(skipped)
+        results[name] = {b: per[b] for b in backends if b in per}
+        statuses = {b: e["status"] for b, e in results[name].items()}
+        print(f"  {name}: {statuses} in {max((e.get('seconds', 0) for e in per.values()), default=0)} s", flush=True)
+        for e in per.values():
+            if e["status"] in ("fail", "error") and e["message"]:
+                print("\n" + e["message"] + "\n", flush=True)
+                break
+    print()
+    print(_table(results, backends))
+    report = {
+        "schema": 1,
+        "profile": ns.profile,
+        "max_examples": profile.max_examples,
+        "derandomize": profile.derandomize,
+        "seed": seed,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), **_versions()},
+        "kernels": results,
+    }
+    path = Path(ns.report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nreport: {path}")
+    bad = [
+        f"{k}/{b}"
+        for k, per in results.items()
+        for b, e in per.items()
+        if e["status"] in ("fail", "error") or (e["status"] == "missing" and b in BUILT_IN)
+    ]
+    if bad:
+        print(f"FAILED: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.cuda.is_available())}
+
+
+def cmd_replay(ns: argparse.Namespace) -> int:
+    case = load_case(ns.path)
+    backends = ns.backend or [b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec)]
+    print(f"replaying {case.kernel} on {', '.join(f'{b} ({_backend_mode(b)})' for b in backends)}")
+    try:
+        run_case(case, backends)
+    except Disagreement as d:
+        print(d)
+        return 1
+    print("all backends agree")
+    return 0
+
+
+def cmd_list(ns: argparse.Namespace) -> int:
+    for name, spec in kernels.SPECS.items():
+        have = [b for b in BACKENDS if BACKENDS[b].resolve(spec) is not None]
+        print(f"{name:<45} {spec.family:<14} {', '.join(have)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run every kernel's Hypothesis cases through every backend")
+    run.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=("dev", "ci", "nightly"))
+    run.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    run.add_argument("--backend", action="append", help="only this backend (repeatable; the oracle always runs)")
+    run.add_argument("--seed", type=int, help="Hypothesis seed (printed when a profile is not derandomized)")
+    run.add_argument("--report", default="reports/conformance.json")
+    run.set_defaults(func=cmd_run)
+    replay = sub.add_parser("replay", help="re-run one saved case")
+    replay.add_argument("path")
+    replay.add_argument("--backend", action="append")
+    replay.set_defaults(func=cmd_replay)
+    sub.add_parser("list", help="kernels and the backends that implement them").set_defaults(func=cmd_list)
+    ns = parser.parse_args(argv)
+    import conformance.profiles  # noqa: F401  (registers the profiles)
+
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Hypothesis profiles, registered once for the CLI and the tests.
+
+- ``dev``: quick local runs (50 examples per kernel).
+- ``ci``: derandomized, so a CI failure replays bit for bit on a laptop; 200 examples.
+- ``nightly``: 2,000 examples, random seed (printed by the CLI).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(
+    deadline=None,  # the Triton interpreter is slow and uneven; speed is the benchmarks' job
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    print_blob=True,
+)
+
+settings.register_profile("dev", max_examples=50, **_COMMON)
+settings.register_profile("ci", max_examples=200, derandomize=True, database=None, **_COMMON)
+settings.register_profile("nightly", max_examples=2000, **_COMMON)
+
+PROFILES = ("dev", "ci", "nightly")

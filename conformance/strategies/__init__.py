@@ -1,0 +1,64 @@
+"""Hypothesis strategies: one composite per batch concept, and the case strategy of each kernel.
+
+Structure (how many requests, how many drafts each, which rows are greedy, which cells are
+special) is drawn by Hypothesis so that it shrinks toward small batches; bulk values (a
+probability row of a 257-token vocabulary) come from a torch generator seeded by a drawn
+integer, which shrinks toward seed 0. Strategies generate in-contract input only.
+
+Kernel modules register their case strategy with :func:`cases_for`; the runner and the tests
+look them up with :func:`cases`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+
+import torch
+from hypothesis import strategies as st
+
+from conformance import kernels
+from conformance.runner import Case
+
+_CASES: dict[str, Callable[[], st.SearchStrategy[Case]]] = {}
+
+# Modules that register case strategies, one per kernel family.
+FAMILY_MODULES = {family: f"conformance.strategies.{family}" for family in kernels.FAMILIES}
+
+
+def cases_for(kernel: str) -> Callable[[Callable[[], st.SearchStrategy[Case]]], Callable[[], st.SearchStrategy[Case]]]:
+    def register(fn: Callable[[], st.SearchStrategy[Case]]) -> Callable[[], st.SearchStrategy[Case]]:
+        _CASES[kernel] = fn
+        return fn
+
+    return register
+
+
+def cases(kernel: str) -> st.SearchStrategy[Case]:
+    """Cases of ``kernel``, launched by keyword (as vLLM does) or positionally."""
+    spec = kernels.get(kernel)
+    importlib.import_module(FAMILY_MODULES[spec.family])
+    base = _CASES[kernel]()
+    return st.tuples(base, st.booleans()).map(lambda cp: dataclasses.replace(cp[0], positional=cp[1]))
+
+
+# -- shared composites ----------------------------------------------------------------------------
+int_dtypes = st.sampled_from([torch.int32, torch.int64])  # shrinks toward the call-site int32
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+seeds = st.integers(0, 2**32 - 1)
+
+
+@st.composite
+def ragged_counts(draw: st.DrawFn, max_requests: int = 8, max_len: int = 6, min_requests: int = 0) -> list[int]:
+    """Per-request lengths: 0..max_len each (zero-length rows and all-zero batches included)."""
+    return draw(st.lists(st.integers(0, max_len), min_size=min_requests, max_size=max_requests))
+
+
+def inclusive_cumsum(n: list[int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(n, dtype=torch.int64).cumsum(0).to(dtype) if n else torch.zeros(0, dtype=dtype)

@@ -1,0 +1,296 @@
+"""Batches of the rejection sampler: ragged drafts, greedy / random / mixed rows, synthetic
+mode, one-hot and tied probability rows, -1 padded drafts and boundary uniforms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+
+from conformance.runner import Case
+from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, ragged_counts, seeds
+
+# Tiny, power-of-two and awkward vocabularies; the C++ chunk (4096) and Triton tiles see edges.
+VOCABS = st.sampled_from([8, 1, 2, 3, 5, 16, 17, 31, 100, 257, 4099])
+ROW_KINDS = ("random", "one_hot", "zeros", "ties", "sparse", "same_as_target")
+
+
+@dataclass
+class Batch:
+    """One speculative-decoding step's shape and draft tokens, shared by K1, K2 and K4."""
+
+    n: list[int]  # drafts per request
+    max_spec_len: int
+    vocab: int
+    cu: torch.Tensor
+    draft: torch.Tensor
+    greedy: list[bool]  # temperature == 0 rows
+    rows: str  # "greedy", "random" or "mixed"
+    seed: int
+
+    @property
+    def b(self) -> int:
+        return len(self.n)
+
+    @property
+    def t(self) -> int:
+        return sum(self.n)
+
+
+@st.composite
+def batches(draw: st.DrawFn, max_requests: int = 8, max_len: int = 6, out_of_vocab: bool = False) -> Batch:
+    """A ragged batch: 0..max_requests requests of 0..max_len drafts, drafts in [-1, V)
+    (or up to 2V in synthetic mode, whose out-of-vocabulary drafts are written verbatim)."""
+    # An empty batch is valid and worth a few examples, but not Hypothesis' usual quarter of them.
+    n = draw(ragged_counts(max_requests, max_len, min_requests=1 if draw(st.integers(0, 9)) else 0))
+    s = max(n, default=0) + draw(st.integers(0, 2))  # S >= every n(r); sometimes wider rows
+    v = draw(VOCABS)
+    rows = draw(st.sampled_from(["mixed", "greedy", "random"]))
+    if rows == "mixed":
+        greedy = draw(st.lists(st.booleans(), min_size=len(n), max_size=len(n)))
+    else:
+        greedy = [rows == "greedy"] * len(n)
+    seed = draw(seeds)
+    g = generator(seed)
+    t = sum(n)
+    hi = 2 * v if out_of_vocab else v
+    draft = torch.randint(0, hi, (t,), generator=g)
+    # -1 padding at drawn places (C10)
+    for i in draw(st.lists(st.integers(0, max(t - 1, 0)), max_size=3 if t else 0)):
+        draft[i] = -1
+    cu = inclusive_cumsum(n, draw(int_dtypes))
+    event(f"rows: {rows}")
+    if t == 0:
+        event("no drafts in the batch")
+    return Batch(n, s, v, cu, draft.to(draw(int_dtypes)), greedy, rows, seed)
+
+
+def prob_rows(g: torch.Generator, kinds: list[str], v: int, draft: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 probability rows of the named kinds: random, one-hot (at the draft), all zero,
+    few tied values, mostly exact zeros, or a copy of ``like`` (residual zero, ratio one)."""
+    out = torch.empty(len(kinds), v, dtype=torch.float32)
+    for i, kind in enumerate(kinds):
+        if kind == "one_hot":
+            row = torch.zeros(v)
+            d = int(draft[i]) if 0 <= int(draft[i]) < v else int(torch.randint(0, v, (1,), generator=g))
+            row[d] = 1.0
+        elif kind == "zeros":
+            row = torch.zeros(v)
+        elif kind == "ties":
+            row = torch.randint(0, 3, (v,), generator=g).float()
+            row = row / row.sum() if row.sum() > 0 else row
+        elif kind == "sparse":
+            row = torch.rand(v, generator=g) * (torch.rand(v, generator=g) < 0.2)
+            row = row / row.sum() if row.sum() > 0 else row
+        elif kind == "same_as_target" and like is not None:
+            row = like[i]
+        else:
+            row = torch.empty(v).exponential_(generator=g)
+            row = row / row.sum()
+        out[i] = row
+    return out
+
+
+def _kinds(draw: st.DrawFn, t: int, allowed: tuple[str, ...]) -> list[str]:
+    """Mostly random rows, with drawn exceptions (shrinks toward all random)."""
+    kinds = ["random"] * t
+    for i, kind in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(allowed)), max_size=4 if t else 0)):
+        kinds[i] = kind
+    return kinds
+
+
+def _extra(draw: st.DrawFn) -> int:
+    """Spare elements past the last written one: their poison must survive."""
+    return draw(st.sampled_from([0, 0, 1, 3]))
+
+
+def _output(b: int, s: int, dtype: torch.dtype) -> torch.Tensor:
+    # Pre-filled with -1 as the caller does; the runner poisons it (§1.13).
+    return torch.full((b, s + 1), -1, dtype=dtype)
+
+
+def _bonus(g: torch.Generator, b: int, v: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randint(0, v, (b, 1), generator=g).to(dtype)
+
+
+@st.composite
+def _synthetic_rates(draw: st.DrawFn, s: int) -> torch.Tensor:
+    """Conditional rates for K >= S positions: 0 and 1 and anything between."""
+    k = s + draw(st.integers(0, 2))
+    rate = st.one_of(st.sampled_from([1.0, 0.0, 0.5]), st.floats(0.0, 1.0, width=32))
+    return torch.tensor(draw(st.lists(rate, min_size=k, max_size=k)), dtype=torch.float32)
+
+
+@st.composite
+def _uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 uniforms in [0, 1); drawn cells are 0.0 or sit exactly on ``boundary`` (the float32
+    ratio or rate, widened) or one float64 ulp above it — where >= and > part."""
+    u = torch.rand(t, dtype=torch.float64, generator=g)
+    for i, how in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(["zero", "on", "above"])), max_size=3 if t else 0)):
+        if how == "zero" or boundary is None:
+            u[i] = 0.0
+        else:
+            x = float(boundary[i])
+            if not 0.0 <= x < 1.0:
+                continue
+            u[i] = x if how == "on" else float(torch.nextafter(torch.tensor(x, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)))
+    return u
+
+
+@cases_for("rejection_greedy_sample_kernel")
+def greedy_cases() -> st.SearchStrategy[Case]:
+    return _greedy_cases()
+
+
+@st.composite
+def _greedy_cases(draw: st.DrawFn) -> Case:
+    synthetic = draw(st.booleans())
+    bt = draw(batches(out_of_vocab=synthetic))
+    g = generator(bt.seed + 1)
+    # Most argmaxes equal the draft so acceptance chains form; the rest are random tokens.
+    argmax = torch.where(
+        torch.rand(bt.t, generator=g) < 0.7, bt.draft.to(torch.int64).clamp(0, bt.vocab - 1), torch.randint(0, bt.vocab, (bt.t,), generator=g)
+    ).to(draw(st.sampled_from([torch.int64, torch.int32])))
+    rates = draw(_synthetic_rates(bt.max_spec_len)) if synthetic else None
+    if synthetic:
+        pos = torch.cat([torch.arange(k) for k in bt.n]) if bt.t else torch.zeros(0, dtype=torch.int64)
+        u = draw(_uniforms(g, bt.t, rates[pos].to(torch.float64)))
+    else:
+        u = draw(st.sampled_from([None, "given"]))
+        u = None if u is None else torch.rand(bt.t, dtype=torch.float64, generator=g)
+    is_greedy = None if bt.rows == "greedy" and draw(st.booleans()) else torch.tensor(bt.greedy, dtype=torch.bool)
+    if synthetic:
+        event("synthetic")
+    args = dict(
+        output_token_ids_ptr=_output(bt.b, bt.max_spec_len, draw(int_dtypes)),
+        cu_num_draft_tokens_ptr=bt.cu,
+        draft_token_ids_ptr=bt.draft,
+        target_argmax_ptr=argmax,
+        bonus_token_ids_ptr=_bonus(g, bt.b, bt.vocab, draw(int_dtypes)),
+        is_greedy_ptr=is_greedy,
+        max_spec_len=bt.max_spec_len,
+        uniform_probs_ptr=u,
+        synthetic_conditional_rates_ptr=rates,
+        SYNTHETIC_MODE=synthetic,
+    )
+    return Case("rejection_greedy_sample_kernel", args)
+
+
+@cases_for("rejection_random_sample_kernel")
+def random_cases() -> st.SearchStrategy[Case]:
+    return _random_cases()
+
+
+@st.composite
+def _random_cases(draw: st.DrawFn) -> Case:
+    synthetic = draw(st.booleans())
+    bt = draw(batches(out_of_vocab=synthetic))
+    g = generator(bt.seed + 1)
+    t, v = bt.t, bt.vocab
+    no_draft_probs = draw(st.booleans())
+    target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
+    draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
+    rates = draw(_synthetic_rates(bt.max_spec_len)) if synthetic else None
+    if synthetic:
+        pos = torch.cat([torch.arange(k) for k in bt.n]) if t else torch.zeros(0, dtype=torch.int64)
+        boundary = rates[pos].to(torch.float64)
+    else:
+        col = bt.draft.to(torch.int64).clamp(0, v - 1)
+        p = target[torch.arange(t), col]
+        q = torch.ones_like(p) if draft_probs is None else draft_probs[torch.arange(t), col]
+        boundary = (p / q).to(torch.float64)
+    u = draw(_uniforms(g, t, boundary))
+    if synthetic:
+        event("synthetic")
+    args = dict(
+        output_token_ids_ptr=_output(bt.b, bt.max_spec_len, draw(int_dtypes)),
+        cu_num_draft_tokens_ptr=bt.cu,
+        draft_token_ids_ptr=bt.draft,
+        draft_probs_ptr=draft_probs,
+        target_probs_ptr=target,
+        bonus_token_ids_ptr=_bonus(g, bt.b, v, draw(int_dtypes)),
+        recovered_token_ids_ptr=torch.randint(0, v, (t,), generator=g).to(draw(int_dtypes)),
+        uniform_probs_ptr=u,
+        is_greedy_ptr=torch.tensor(bt.greedy, dtype=torch.bool),
+        max_spec_len=bt.max_spec_len,
+        vocab_size=v,
+        synthetic_conditional_rates_ptr=rates,
+        NO_DRAFT_PROBS=no_draft_probs,
+        SYNTHETIC_MODE=synthetic,
+    )
+    return Case("rejection_random_sample_kernel", args)
+
+
+@cases_for("expand_kernel")
+def expand_cases() -> st.SearchStrategy[Case]:
+    return _expand_cases()
+
+
+@st.composite
+def _expand_cases(draw: st.DrawFn) -> Case:
+    dtype = draw(st.sampled_from([torch.float32, torch.int32, torch.int64]))
+    max_tokens = draw(st.sampled_from([128, 1, 2, 4]))
+    n = draw(ragged_counts(8, 6 if max_tokens == 128 else 2 * max_tokens + 1))
+    b = len(n)
+    replace_from = draw(st.sampled_from([0, -1, 1]))
+    replace_to = draw(st.sampled_from([1, 0, -1, 7]))
+    if dtype.is_floating_point:
+        special = st.sampled_from([0.0, -0.0, float("nan"), float(replace_from), 0.7, 1.5, float("inf")])
+        values = st.one_of(special, st.floats(-1e6, 1e6, width=32))
+    else:
+        values = st.one_of(st.sampled_from([0, replace_from, 5, 100]), st.integers(-(2**31) + 2, 2**31 - 1))
+    x = torch.tensor(draw(st.lists(values, min_size=b, max_size=b)), dtype=dtype) if b else torch.zeros(0, dtype=dtype)
+    out = torch.zeros(sum(n) + _extra(draw), dtype=dtype)
+    args = dict(
+        output_ptr=out,
+        input_ptr=x,
+        cu_num_tokens_ptr=inclusive_cumsum(n, draw(int_dtypes)),
+        replace_from=replace_from,
+        replace_to=replace_to,
+        MAX_NUM_TOKENS=max_tokens,
+    )
+    return Case("expand_kernel", args)
+
+
+def _block_size(draw: st.DrawFn, v: int) -> int:
+    """The call site's 8192, or a small tile so that ties and maxima cross tile edges; at most
+    32 tiles per row, which keeps the interpreted Triton backend quick."""
+    bs = draw(st.sampled_from([8192, 2, 4, 16, 64]))
+    return bs if -(-v // bs) <= 32 else 8192
+
+
+@cases_for("sample_recovered_tokens_kernel")
+def recovered_cases() -> st.SearchStrategy[Case]:
+    return _recovered_cases()
+
+
+@st.composite
+def _recovered_cases(draw: st.DrawFn) -> Case:
+    bt = draw(batches())
+    g = generator(bt.seed + 1)
+    t, v = bt.t, bt.vocab
+    no_draft_probs = draw(st.booleans())
+    fp64 = draw(st.booleans())
+    target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
+    draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
+    # NaN probabilities: never win with NO_DRAFT_PROBS, give a zero residual otherwise (C15, C16).
+    for i, j in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.integers(0, v - 1)), max_size=2 if t else 0)):
+        target[i, j] = float("nan")
+    noise = draw(st.sampled_from(["exponential", "ones"]))  # all-ones noise makes ties decide
+    dtype = torch.float64 if fp64 else torch.float32
+    inv_q = torch.ones(bt.b, v, dtype=dtype) if noise == "ones" else 1.0 / torch.empty(bt.b, v, dtype=dtype).exponential_(generator=g)
+    args = dict(
+        output_token_ids_ptr=torch.zeros(t + _extra(draw), dtype=draw(int_dtypes)),
+        cu_num_draft_tokens_ptr=bt.cu,
+        draft_token_ids_ptr=bt.draft,
+        draft_probs_ptr=draft_probs,
+        target_probs_ptr=target,
+        inv_q_ptr=inv_q,
+        vocab_size=v,
+        BLOCK_SIZE=_block_size(draw, v),
+        NO_DRAFT_PROBS=no_draft_probs,
+        USE_FP64_GUMBEL=fp64,
+    )
+    return Case("sample_recovered_tokens_kernel", args)
