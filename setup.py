@@ -4,7 +4,7 @@ import os
 import shlex
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, ParallelCompile, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
 
 # Spec §1.8: no fast-math and no contraction, so every product and quotient rounds once.

@@ -23,7 +23,7 @@ import torch
 
 from conformance import kernels
 from conformance.backends import BACKENDS, ORACLE, Backend
-from conformance.contract import Kind, KernelSpec, Role
+from conformance.contract import KernelSpec, Kind, Role
 
 # The interpreter evaluates masked-off lanes too (a division by a zero q that is never used).
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")

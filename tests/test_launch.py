@@ -1,0 +1,99 @@
+"""The CPU launchers accept exactly the launches a Triton kernel accepts (spec §1.9, §1.11, C28)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import torch
+
+from conformance import kernels
+from conformance.backends import BACKENDS
+
+SPECS = list(kernels.SPECS.values())
+
+
+def _cpu(spec):
+    return BACKENDS["cpu"].resolve(spec)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_signatures_match_the_triton_kernel_and_the_oracle(spec):
+    names = list(spec.arg_names)
+    triton_kernel = BACKENDS["triton"].resolve(spec)
+    assert list(triton_kernel.arg_names) == names
+    assert list(inspect.signature(BACKENDS["reference"].resolve(spec)).parameters) == names
+    cpu = _cpu(spec)
+    assert list(inspect.signature(cpu).parameters) == names  # vLLM's registry calls it by keyword then
+    assert cpu.arg_names == names and cpu.constexprs == list(spec.constexprs)
+
+
+def _expand_args():
+    return dict(output_ptr=torch.zeros(3), input_ptr=torch.tensor([2.0, 0.0]), cu_num_tokens_ptr=torch.tensor([1, 3], dtype=torch.int32),
+                replace_from=0, replace_to=1, MAX_NUM_TOKENS=128)
+
+
+def _launched(call):
+    a = _expand_args()
+    call(a)
+    return a["output_ptr"].tolist()
+
+
+EXPECTED = [2.0, 1.0, 1.0]
+
+
+def test_every_launch_form_gives_the_same_result():
+    k = _cpu(kernels.get("expand_kernel"))
+    order = list(kernels.get("expand_kernel").arg_names)
+    assert _launched(lambda a: k[(2,)](**a)) == EXPECTED
+    assert _launched(lambda a: k[(2,)](*[a[n] for n in order])) == EXPECTED
+    assert _launched(lambda a: k[lambda meta: (2,)](*[a[n] for n in order[:3]], **{n: a[n] for n in order[3:]})) == EXPECTED
+    assert _launched(lambda a: k(**a)) == EXPECTED  # a direct call behaves the same
+    assert _launched(lambda a: k[(0,)](**a)) == EXPECTED  # the grid is ignored: work comes from the arguments
+    assert _launched(lambda a: k[(2,)](**a, num_warps=4, num_stages=2, launch_pdl=False)) == EXPECTED
+
+
+def test_bad_launches_are_type_errors_naming_the_argument():
+    k = _cpu(kernels.get("expand_kernel"))
+    a = _expand_args()
+    with pytest.raises(TypeError, match="'SYNTHETIC_MODE'"):
+        k[(2,)](**a, SYNTHETIC_MODE=False)  # a keyword the kernel does not have
+    with pytest.raises(TypeError, match="multiple values for argument 'output_ptr'"):
+        k[(2,)](a["output_ptr"], **a)
+    del a["MAX_NUM_TOKENS"]
+    with pytest.raises(TypeError, match="missing required argument 'MAX_NUM_TOKENS'"):
+        k[(2,)](**a)
+
+
+def test_synthetic_mode_keywords_reach_the_cpu_port():
+    """The drift that crashed a CPU port: the GPU call site gained SYNTHETIC_MODE keywords."""
+    k = _cpu(kernels.get("rejection_greedy_sample_kernel"))
+    out = torch.full((1, 2), -1, dtype=torch.int32)
+    k[(1,)](output_token_ids_ptr=out, cu_num_draft_tokens_ptr=torch.tensor([1], dtype=torch.int32),
+            draft_token_ids_ptr=torch.tensor([3], dtype=torch.int32), target_argmax_ptr=torch.tensor([0]),
+            bonus_token_ids_ptr=torch.tensor([[9]], dtype=torch.int32), is_greedy_ptr=None, max_spec_len=1,
+            uniform_probs_ptr=torch.tensor([0.25], dtype=torch.float64),
+            synthetic_conditional_rates_ptr=torch.tensor([0.5]), SYNTHETIC_MODE=True)
+    assert out.tolist() == [[3, 9]]
+
+
+def test_outputs_are_written_in_the_callers_buffer_and_dtype():
+    """No int64 round trip: an int32 output stays the caller's int32 tensor, written in place."""
+    k = _cpu(kernels.get("sample_recovered_tokens_kernel"))
+    out = torch.full((2,), -5, dtype=torch.int32)
+    ptr = out.data_ptr()
+    k[(1, 2)](out, torch.tensor([2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), None,
+              torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.ones(1, 2, dtype=torch.float64), 2, 8192, True, True)
+    assert out.dtype == torch.int32 and out.data_ptr() == ptr and out.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_vllm_qualnames_point_at_our_modules(spec):
+    """Every kernel is found under its family module in each backend, by vLLM's kernel name."""
+    for package in ("reference", "triton_impl", "cpu_impl"):
+        module = importlib.import_module(f"{package}.{spec.family}")
+        obj = module
+        for part in spec.qualname.rsplit(".", 1)[-1].split("."):
+            obj = getattr(obj, part)
+        assert obj is not None

@@ -1,0 +1,116 @@
+"""Statistical properties of the random path (spec §3.4, §3.5).
+
+Every test is a chi-square goodness-of-fit test at a false-alarm rate ALPHA per test. Its
+sample size comes from a power analysis: the smallest N at which a deviation of Cohen's
+effect size W is detected with probability POWER (noncentral chi-square, lambda = N W^2).
+Seeds are fixed, so a run is reproducible; each test also shows it can fail, by feeding the
+same statistic a sample from the wrong distribution.
+
+The Triton backend is omitted here: interpreted, one program per request is too slow for
+N in the tens of thousands, and conformance already shows it agrees exactly with the other
+two on shared randomness.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+
+from conformance.compositions import SamplingMetadata, rejection_sample, unconditional_to_conditional_rates
+
+ALPHA = 1e-3  # false alarms: one run in a thousand per test
+POWER = 0.99
+W = 0.05  # Cohen's w: small effect
+
+
+def sample_size(categories: int, w: float = W, alpha: float = ALPHA, power: float = POWER) -> int:
+    df = categories - 1
+    critical = stats.chi2.ppf(1 - alpha, df)
+    n = 100
+    while stats.ncx2.sf(critical, df, n * w * w) < power:
+        n = int(n * 1.05) + 1
+    return n
+
+
+def p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs.double() / probs.double().sum() * counts.sum()
+    return float(stats.chisquare(counts.double().numpy(), expected.numpy()).pvalue)
+
+
+P = torch.tensor([0.30, 0.25, 0.20, 0.15, 0.07, 0.03])  # target
+Q = torch.tensor([0.10, 0.10, 0.30, 0.30, 0.10, 0.10])  # drafter
+
+
+def emitted_first_tokens(backend: str, n: int, draft_probs: bool, fp64: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    v = len(P)
+    draft = torch.multinomial(Q, n, replacement=True, generator=g).to(torch.int32)
+    out = rejection_sample(
+        draft, [1] * n, 1, torch.arange(1, n + 1, dtype=torch.int32),
+        Q.expand(n, v).contiguous() if draft_probs else None,
+        P.log().expand(n, v).contiguous(), torch.zeros(n, 1, dtype=torch.int32),
+        SamplingMetadata(torch.ones(n), all_greedy=False, all_random=True), use_fp64_gumbel=fp64, backend=backend,
+        uniform=torch.rand(n, dtype=torch.float64, generator=g),
+        noise=torch.empty(n, v, dtype=torch.float64 if fp64 else torch.float32).exponential_(generator=g),
+    )
+    return torch.bincount(out[:, 0].long(), minlength=v)
+
+
+def test_power_analysis_sizes():
+    assert 5000 < sample_size(len(P)) < 20000
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("fp64", [False, True])
+def test_random_path_preserves_the_target_distribution(backend, fp64):
+    """Speculative sampling's guarantee: with drafts from q, the emitted token is distributed as p."""
+    n = sample_size(len(P))
+    counts = emitted_first_tokens(backend, n, draft_probs=True, fp64=fp64, seed=1234)
+    target = torch.softmax(P.log(), -1)
+    assert p_value(counts, target) > ALPHA
+    # The same test rejects the drafter's distribution, which a sampler that accepted every draft would emit.
+    assert p_value(counts, Q) < ALPHA
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_one_hot_drafts_also_preserve_the_target(backend):
+    """NO_DRAFT_PROBS: q is one-hot at the draft; accept with p(d), else sample p without d."""
+    counts = emitted_first_tokens(backend, sample_size(len(P)), draft_probs=False, fp64=False, seed=99)
+    assert p_value(counts, torch.softmax(P.log(), -1)) > ALPHA
+
+
+UNCONDITIONAL = [0.9, 0.5, 0.2]
+
+
+def acceptance_lengths(backend: str, n: int, greedy: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    k, v = len(UNCONDITIONAL), 8
+    # Out-of-vocabulary drafts are written verbatim when accepted (C11), so accepted cells are unmistakable.
+    draft = torch.full((n * k,), v + 100, dtype=torch.int32)
+    logits = torch.randn(n * k, v, generator=g)
+    out = rejection_sample(
+        draft, [k] * n, k, torch.arange(k, n * k + 1, k, dtype=torch.int32), None, logits,
+        torch.zeros(n, 1, dtype=torch.int32),
+        SamplingMetadata(None if greedy else torch.ones(n), all_greedy=greedy, all_random=not greedy),
+        synthetic_mode=True, synthetic_conditional_rates=unconditional_to_conditional_rates(UNCONDITIONAL),
+        backend=backend, uniform=torch.rand(n * k, dtype=torch.float64, generator=g),
+        noise=torch.empty(n, v).exponential_(generator=g),
+    )
+    accepted = (out[:, :k] >= v).int()
+    length = accepted.cumprod(dim=1).sum(dim=1)  # drafts accepted before the first rejection
+    return torch.bincount(length, minlength=k + 1)
+
+
+def length_distribution(rates: list[float]) -> torch.Tensor:
+    a = [1.0, *rates, 0.0]
+    return torch.tensor([a[i] - a[i + 1] for i in range(len(rates) + 1)])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_synthetic_mode_reproduces_the_configured_acceptance_rates(backend, greedy):
+    n = sample_size(len(UNCONDITIONAL) + 1)
+    counts = acceptance_lengths(backend, n, greedy, seed=7)
+    assert p_value(counts, length_distribution(UNCONDITIONAL)) > ALPHA
+    assert p_value(counts, length_distribution([0.85, 0.45, 0.15])) < ALPHA  # a slightly wrong rate is caught
