@@ -118,11 +118,12 @@ def rejection_random_sample_kernel(
                     ratio = tl.math.div_rn(target_prob, draft_prob)  # IEEE-rounded float32 (C6)
                     # q == 0 rejects whatever p and u are; NaN fails every comparison (C9).
                     accepted = valid & (draft_prob > 0) & (ratio >= uniform_prob)
+            # Both branches int64: draft and recovered ids may differ in width (int32/int64, C5).
             if accepted:
-                token_id = draft_token_id
+                token_id = draft_token_id.to(tl.int64)
             else:
                 rejected = True
-                token_id = tl.load(recovered_token_ids_ptr + token_idx)
+                token_id = tl.load(recovered_token_ids_ptr + token_idx).to(tl.int64)
             tl.store(output_token_ids_ptr + row + pos, token_id)
 
     if not rejected:
