@@ -32,6 +32,9 @@ class Backend:
     unavailable: Callable[[], str | None] = lambda: None
     # The oracle is a plain function: called as kernel(**args), not kernel[grid](**args).
     gridless: bool = False
+    # A backend that replaces only some kernels of another: compositions take the rest from
+    # ``base``; conformance checks only the kernels it implements itself.
+    base: str | None = None
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -41,6 +44,18 @@ ORACLE = "reference"
 def register_backend(backend: Backend) -> Backend:
     BACKENDS[backend.name] = backend
     return backend
+
+
+def resolve_kernel(name: str, spec: KernelSpec) -> tuple[Backend, Any]:
+    """The backend and kernel object that run ``spec`` on backend ``name``, following ``base``."""
+    backend = BACKENDS[name]
+    kernel = backend.resolve(spec)
+    while kernel is None and backend.base is not None:
+        backend = BACKENDS[backend.base]
+        kernel = backend.resolve(spec)
+    if kernel is None:
+        raise LookupError(f"backend {name!r} has no {spec.name}")
+    return backend, kernel
 
 
 def _from_family(package: str) -> Callable[[KernelSpec], Any]:
@@ -87,6 +102,19 @@ def _cpu_unavailable() -> str | None:
 register_backend(Backend(ORACLE, _from_family("reference"), lambda: "cpu", lambda: "oracle", gridless=True))
 register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable))
 register_backend(Backend("cpu", _from_family("cpu_impl"), lambda: "cpu", lambda: "native", _cpu_unavailable))
+
+
+def _triton_split(spec: KernelSpec) -> Any:
+    if spec.name != "sample_recovered_tokens_kernel":
+        return None
+    from triton_impl.rejection import sample_recovered_tokens_split
+
+    return sample_recovered_tokens_split
+
+
+# The split-vocabulary layout of sample_recovered_tokens (triton_impl/rejection.py); the engine's
+# layout stays the "triton" backend's, with the engine's signature and grid.
+register_backend(Backend("triton-split", _triton_split, _triton_device, _triton_mode, _triton_unavailable, base="triton"))
 
 for _ep in importlib.metadata.entry_points(group="specdiff.backends"):
     register_backend(_ep.load())

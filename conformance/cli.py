@@ -94,6 +94,8 @@ def _available(spec_name: str, wanted: list[str]) -> tuple[list[str], dict[str, 
         backend = BACKENDS[b]
         why = backend.unavailable()
         if why is None and backend.resolve(spec) is None:
+            if b not in BUILT_IN:
+                continue  # a partial backend (one with a base) only answers for its own kernels
             skipped[b] = {"status": "missing", "examples": 0, "failures": 0, "mode": backend.mode(), "message": f"{b} has no {spec.name}"}
         elif why is not None:
             skipped[b] = {"status": "skipped", "examples": 0, "failures": 0, "mode": "-", "message": why}
@@ -104,14 +106,14 @@ def _available(spec_name: str, wanted: list[str]) -> tuple[list[str], dict[str, 
 
 def _table(results: dict[str, dict[str, dict[str, Any]]], backends: list[str]) -> str:
     width = max(len(k) for k in results) + 2
-    cols = [f"{'kernel':<{width}}"] + [f"{b:<26}" for b in backends]
-    lines = ["".join(cols), "-" * (width + 26 * len(backends))]
+    cols = [f"{'kernel':<{width}}"] + [f"{b:<30}" for b in backends]
+    lines = ["".join(cols), "-" * (width + 30 * len(backends))]
     for kernel, per in results.items():
         row = [f"{kernel:<{width}}"]
         for b in backends:
             e = per.get(b)
             cell = "-" if e is None else f"{e['status']} {e['examples']} ({e['mode']})"
-            row.append(f"{cell:<26}")
+            row.append(f"{cell:<30}")
         lines.append("".join(row))
     return "\n".join(lines)
 

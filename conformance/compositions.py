@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from conformance import kernels
-from conformance.backends import BACKENDS
+from conformance.backends import resolve_kernel
 
 PLACEHOLDER_TOKEN_ID = -1
 GREEDY_TEMPERATURE = 0.0
@@ -35,10 +35,7 @@ class SamplingMetadata:
 def launch(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
     """Launches ``kernel`` on ``backend`` with CPU tensors; outputs land in the given tensors."""
     spec = kernels.get(kernel)
-    b = BACKENDS[backend]
-    k = b.resolve(spec)
-    if k is None:
-        raise LookupError(f"backend {backend!r} has no {kernel}")
+    b, k = resolve_kernel(backend, spec)
     device = b.device()
     moved = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in args.items()}
     if b.gridless:

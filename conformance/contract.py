@@ -189,8 +189,13 @@ class KernelSpec:
         return bound
 
     # -- validation ------------------------------------------------------------------------
-    def check_types(self, a: Mapping[str, Any], device: str = "cpu") -> None:
-        """Type-level contract: tensor or None, dtype, device, rank, contiguity, flags."""
+    def check_types(self, a: Mapping[str, Any], device: str | None = "cpu") -> None:
+        """Type-level contract: tensor or None, dtype, device, rank, contiguity, flags.
+
+        ``device=None`` accepts any device, as long as every tensor is on the same one.
+        """
+        if device is None:
+            device = next((v.device.type for v in a.values() if isinstance(v, torch.Tensor)), "cpu")
         for p in self.params:
             v = a[p.name]
             if p.kind is Kind.PTR:
@@ -225,7 +230,7 @@ class KernelSpec:
             if bool(a[f.constexpr]) != f.expect(a[f.tensor]):
                 raise ValueError(f"{self.name}: '{f.constexpr}' must be {f.meaning}")
 
-    def check(self, a: Mapping[str, Any], device: str = "cpu") -> None:
+    def check(self, a: Mapping[str, Any], device: str | None = "cpu") -> None:
         """The whole contract: types, then the kernel's value-level preconditions."""
         self.check_types(a, device)
         self.preconditions(a)

@@ -149,7 +149,8 @@ def sample_recovered_tokens_kernel(
     USE_FP64_GUMBEL: bool,
 ) -> None:
     # BLOCK_SIZE only tiles the Triton kernel's scan; the result never depends on it (C15).
-    contracts.SAMPLE_RECOVERED.check(locals())
+    # Vectorised and device-agnostic: the GPU benchmarks time this oracle on the GPU too.
+    contracts.SAMPLE_RECOVERED.check(locals(), device=None)
     cu = cu_num_draft_tokens_ptr
     n_tokens = int(cu[-1]) if cu.numel() else 0
     if n_tokens == 0:
@@ -160,13 +161,13 @@ def sample_recovered_tokens_kernel(
         w = p.clone()
         d = draft_token_ids_ptr[:n_tokens].to(torch.int64)
         inside = (d >= 0) & (d < vocab_size)
-        w[torch.arange(n_tokens)[inside], d[inside]] = 0.0
+        w[torch.arange(n_tokens, device=d.device)[inside], d[inside]] = 0.0
     else:
         diff = p - draft_probs_ptr[:n_tokens]  # one float32 subtraction
         w = torch.where(diff > 0, diff, torch.zeros_like(diff))  # max(diff, 0); NaN gives 0 (C16)
 
     # One noise row per request, shared by its positions (§3.4).
-    request = torch.repeat_interleave(torch.arange(cu.numel()), counts(cu))
+    request = torch.repeat_interleave(torch.arange(cu.numel(), device=cu.device), counts(cu))
     noise = inv_q_ptr[request]
     score = w.to(torch.float64) * noise if USE_FP64_GUMBEL else w * noise  # C17: width of the product
 
