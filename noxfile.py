@@ -47,3 +47,36 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff", *CONSTRAINTS)
     session.run("ruff", "check", ".")
+
+
+def _gpu_reason() -> str | None:
+    """Why the GPU sessions cannot run here, or None when they can."""
+    import shutil
+
+    try:
+        import torch
+    except ImportError:
+        return "torch is not importable in the interpreter running nox"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is present"
+    if shutil.which("compute-sanitizer") is None:
+        return "compute-sanitizer is not on PATH"
+    return None
+
+
+@nox.session(venv_backend="none")
+def gpu_sanitize(session: nox.Session) -> None:
+    """compute-sanitizer memcheck and initcheck over every Triton kernel on conformance cases.
+
+    Runs in the current interpreter (a GPU machine brings its own CUDA torch and Triton, and the
+    extension must already be built there); skips with the reason where no GPU is present.
+    """
+    reason = _gpu_reason()
+    if reason is not None:
+        session.skip(f"gpu_sanitize needs a GPU: {reason}")
+    for tool in ("memcheck", "initcheck"):
+        session.run(
+            "compute-sanitizer", "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
+            "python", "-m", "conformance", "run", "--profile", PROFILE, "--backend", "triton", "--backend", "triton-split",
+            "--report", f"reports/sanitize-{tool}.json", *session.posargs,
+        )
