@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -20,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import hypothesis
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 
 from conformance import kernels
 from conformance.backends import BACKENDS, ORACLE
 from conformance.runner import Disagreement, load_case, replay_command, run_case, save_case
 
 BUILT_IN = ("reference", "triton", "cpu")
+# Subcommands defined by their own modules (conformance/<name>.py, add_parser).
+TOOLS = ("signatures", "threads")
 
 
 def _backend_mode(name: str) -> str:
@@ -38,8 +41,14 @@ def _backend_mode(name: str) -> str:
     return mode
 
 
-def check_kernel(name: str, backends: list[str], seed: int | None) -> dict[str, dict[str, Any]]:
-    """Runs the kernel's Hypothesis cases through ``backends``; returns a per-backend report."""
+def check_kernel(
+    name: str, backends: list[str], seed: int | None, states: Counter[str] | None = None, shrink: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Runs the kernel's Hypothesis cases through ``backends``; returns a per-backend report.
+
+    ``states`` tallies, per coverage class, the cases that reached it (conformance/coverage.py).
+    """
+    from conformance import coverage
     from conformance.strategies import cases
 
     tally: Counter[str] = Counter()
@@ -49,14 +58,22 @@ def check_kernel(name: str, backends: list[str], seed: int | None) -> dict[str, 
     def prop(case: Any) -> None:
         tally["examples"] += 1
         try:
-            run_case(case, backends)
+            outcomes = run_case(case, backends)
         except Disagreement as d:
             odd.update(d.backends)
             path = save_case(case)
             raise Disagreement(f"{d}\n  replay: {replay_command(path)}", d.backends) from None
+        oracle = outcomes.get(ORACLE)
+        if states is not None and oracle is not None and oracle.error is None:
+            try:
+                states.update(coverage.observe(name, case.args, oracle.outputs).keys())
+            except Exception as e:  # a classifier's bug is the harness's, never a backend's
+                states[f"classifier error: {type(e).__name__}: {e}"] += 1
 
     if seed is not None:
         prop = hypothesis.seed(seed)(prop)
+    if not shrink:  # report the first failing case as found (the mutants session wants speed)
+        prop = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])(prop)
     failure: BaseException | None = None
     started = time.perf_counter()
     try:
@@ -134,9 +151,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
         flush=True,
     )
     results: dict[str, dict[str, dict[str, Any]]] = {}
+    states: dict[str, dict[str, Any]] = {}
+    require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
     for name in names:
         runnable, skipped = _available(name, backends)
-        per = check_kernel(name, runnable, seed) if len(runnable) > 1 else {}
+        seen: Counter[str] = Counter()
+        per = check_kernel(name, runnable, seed, seen, shrink=not ns.no_shrink) if len(runnable) > 1 else {}
         per.update(skipped)
         results[name] = {b: per[b] for b in backends if b in per}
         statuses = {b: e["status"] for b, e in results[name].items()}
@@ -145,8 +165,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
             if e["status"] in ("fail", "error") and e["message"]:
                 print("\n" + e["message"] + "\n", flush=True)
                 break
+        complete = len(runnable) > 1 and all(e["status"] == "pass" for e in per.values() if e["status"] != "skipped")
+        states[name] = _states(name, seen, complete)
     print()
     print(_table(results, backends))
+    print("\nstate classes reached (cases):")
+    for name, st in states.items():
+        line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
+        print(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
     report = {
         "schema": 1,
         "profile": ns.profile,
@@ -155,21 +181,60 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "seed": seed,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), **_versions()},
         "kernels": results,
+        "coverage": states,
     }
     path = Path(ns.report)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nreport: {path}")
+    if ns.junit:
+        print(f"junit: {_junit(ns.junit, results, states, require)}")
     bad = [
         f"{k}/{b}"
         for k, per in results.items()
         for b, e in per.items()
         if e["status"] in ("fail", "error") or (e["status"] == "missing" and b in BUILT_IN)
     ]
+    if require:
+        bad += [f"{k}/coverage ({', '.join(st['missing'])} never generated)" for k, st in states.items() if st["missing"]]
     if bad:
         print(f"FAILED: {', '.join(bad)}")
         return 1
     return 0
+
+
+def _states(name: str, seen: Counter[str], complete: bool) -> dict[str, Any]:
+    """A kernel's coverage entry: cases per state class, and the required classes never reached
+    (judged only when every backend passed, so that a failure's cut-short run is not blamed)."""
+    from conformance import coverage
+
+    classes = dict.fromkeys(c.name for c in coverage.classes_for(name))
+    errors = [c for c in seen if c.startswith("classifier error")]
+    return {
+        "cases": {c: seen[c] for c in classes},
+        "missing": (coverage.missing(name, seen) if complete else []) + errors,
+    }
+
+
+def _junit(path: str, results: dict[str, dict[str, dict[str, Any]]], states: dict[str, dict[str, Any]], require: bool) -> Path:
+    from conformance import junit
+
+    cases = []
+    for kernel, per in results.items():
+        for b, e in per.items():
+            failed = e["status"] in ("fail", "missing") and (e["status"] == "fail" or b in BUILT_IN)
+            cases.append(junit.TestCase(
+                f"conformance.{kernel}", b, float(e.get("seconds", 0.0)),
+                failure=e.get("message") or e["status"] if failed else None,
+                error=e.get("message") if e["status"] == "error" else None,
+                skipped=e.get("message") if e["status"] == "skipped" or (e["status"] == "missing" and b not in BUILT_IN) else None,
+            ))
+        st = states.get(kernel)
+        if st is not None and st["cases"]:
+            gap = f"required state classes never generated: {', '.join(st['missing'])}" if st["missing"] else None
+            cases.append(junit.TestCase(f"conformance.{kernel}", "coverage", failure=gap if require else None,
+                                        skipped=gap if gap and not require else None))
+    return junit.write(path, "conformance", cases)
 
 
 def _versions() -> dict[str, str]:
@@ -208,12 +273,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--backend", action="append", help="only this backend (repeatable; the oracle always runs)")
     run.add_argument("--seed", type=int, help="Hypothesis seed (printed when a profile is not derandomized)")
     run.add_argument("--report", default="reports/conformance.json")
+    run.add_argument("--junit", help="also write a JUnit XML report here (one test per kernel and backend, one per kernel's state coverage)")
+    run.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
+    run.add_argument("--require-coverage", action=argparse.BooleanOptionalAction, default=None,
+                     help="fail when a required state class was never generated (default: on for the ci and nightly profiles)")
     run.set_defaults(func=cmd_run)
     replay = sub.add_parser("replay", help="re-run one saved case")
     replay.add_argument("path")
     replay.add_argument("--backend", action="append")
     replay.set_defaults(func=cmd_replay)
     sub.add_parser("list", help="kernels and the backends that implement them").set_defaults(func=cmd_list)
+    for tool in TOOLS:  # the harness's checks of itself: each module adds its own subcommand
+        importlib.import_module(f"conformance.{tool}").add_parser(sub)
     ns = parser.parse_args(argv)
     import conformance.profiles  # noqa: F401  (registers the profiles)
 

@@ -1,0 +1,83 @@
+"""The signature gate: every backend's launch signature matches its kernel's contract, and the
+gate fails when a call site gains a keyword that a backend lacks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conformance import kernels, signatures
+from conformance.backends import BACKENDS, Backend
+from conformance.contract import constexpr
+
+SPECS = list(kernels.SPECS.values())
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_backend_matches_the_contract(spec):
+    results = signatures.check_all([spec.name])
+    failed = [r for r in results if r.ok is False]
+    assert not failed, signatures.report(failed)
+    assert {r.backend for r in results if r.ok} >= {"contract", "reference", "triton", "cpu"}
+
+
+def test_contracts_match_vllms_kernels():
+    """Names, order and constexprs of every contract against vLLM's own kernel (when importable)."""
+    why = signatures.vllm_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    failed = [r for spec in SPECS for r in signatures.check_vllm(spec) if r.ok is False]
+    assert not failed, signatures.report(failed)
+
+
+def test_a_call_site_that_gains_a_keyword_fails_the_gate():
+    """The SYNTHETIC_MODE incident: the engine's call site (the contract) gains a constexpr that
+    no backend has yet. Every backend must fail before an engine can call it."""
+    spec = kernels.get("expand_kernel")
+    grown = dataclasses.replace(spec, params=(*spec.params, constexpr("SYNTHETIC_MODE")))
+    for backend in ("reference", "triton", "cpu"):
+        names = [r for r in signatures.check_backend(grown, backend) if r.check == "names"]
+        assert names and names[0].ok is False and "missing ['SYNTHETIC_MODE']" in names[0].message, (backend, names)
+
+
+def test_a_launcher_that_drops_an_argument_fails_cpp_entry(monkeypatch):
+    from cpu_impl import rejection
+    from cpu_impl.launcher import CpuKernel, buf
+
+    spec = kernels.get("expand_kernel")
+
+    def short(a):  # forgets MAX_NUM_TOKENS, as a port written before the parameter existed would
+        rejection._cpp.expand(buf(a["output_ptr"]), buf(a["input_ptr"]), buf(a["cu_num_tokens_ptr"]), a["replace_from"], a["replace_to"])
+
+    broken = CpuKernel(spec, short)
+    monkeypatch.setitem(BACKENDS, "cpu-short", Backend("cpu-short", lambda s: broken if s is spec else None, lambda: "cpu", lambda: "planted"))
+    entry = [r for r in signatures.check_backend(spec, "cpu-short") if r.check == "cpp-entry"]
+    assert entry and entry[0].ok is False and "passes 5 arguments" in entry[0].message, entry
+
+
+def test_a_launcher_that_accepts_unknown_keywords_fails(monkeypatch):
+    from cpu_impl.launcher import CpuKernel
+
+    spec = kernels.get("expand_kernel")
+    real = BACKENDS["cpu"].resolve(spec)
+
+    class Lenient(CpuKernel):
+        def __call__(self, *args, **kwargs):
+            kwargs = {k: v for k, v in kwargs.items() if k in spec.arg_names}
+            return super().__call__(*args, **kwargs)
+
+    lenient = Lenient(spec, real._compute)
+    monkeypatch.setitem(BACKENDS, "cpu-lenient", Backend("cpu-lenient", lambda s: lenient if s is spec else None, lambda: "cpu", lambda: "planted"))
+    unknown = [r for r in signatures.check_backend(spec, "cpu-lenient") if r.check == "unknown-keyword"]
+    assert unknown and unknown[0].ok is False and "accepted" in unknown[0].message
+
+
+def test_the_cli_exits_zero_and_names_the_vllm_skip(capsys):
+    from conformance.cli import main
+
+    assert main(["signatures", "--kernel", "expand_kernel", "--vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "signatures:" in out and " 0 failed" in out
+    if signatures.vllm_unavailable() is not None:
+        assert "vLLM is not importable" in out
