@@ -201,11 +201,15 @@ def describe(case: Case, outcomes: dict[str, Outcome], odd: list[str], agree: li
     return "\n".join(lines)
 
 
-def run_case(case: Case, backends: list[str]) -> None:
-    """Runs ``case`` on every named backend (and every poison variant) and compares."""
+def run_case(case: Case, backends: list[str]) -> dict[str, Outcome]:
+    """Runs ``case`` on every named backend (and every poison variant) and compares; returns
+    what each backend wrote under the first poison variant (coverage classifies it)."""
+    first: dict[str, Outcome] = {}
     for variant in range(_variants(case.spec, case.args)):
         outcomes = {b: run_backend(BACKENDS[b], case, variant) for b in backends}
         compare(case, outcomes, variant)
+        first = first or outcomes
+    return first
 
 
 # -- saving and replaying failing cases -------------------------------------------------------

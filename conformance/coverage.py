@@ -1,0 +1,201 @@
+"""Coverage of the speculative-decoding state space: which state classes the cases reached.
+
+A conformance run is only as good as the states its cases visit. Each kernel's cases are
+classified here — from the arguments and from the oracle's outputs, where the state is a result
+(a row whose drafts were all accepted shows as a written bonus cell) — into the classes of
+:data:`CLASSES`. The runner reports each class as a Hypothesis ``event()`` (``pytest
+--hypothesis-show-statistics`` lists them), steers generation with ``target()`` toward long
+accepted chains, and tallies them per kernel; under the ``ci`` and ``nightly`` profiles a
+*required* class that no case reached fails the run.
+
+Classes are data: add a :class:`StateClass` with the kernels it applies to and a function that
+counts its occurrences in one case.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from conformance.contract import counts
+from conformance.kernels._checks import flat_view
+from conformance.runner import poison_value
+
+Args = Mapping[str, Any]
+Outputs = Mapping[str, torch.Tensor]
+
+K1, K2, K3, K4 = "rejection_greedy_sample_kernel", "rejection_random_sample_kernel", "expand_kernel", "sample_recovered_tokens_kernel"
+K5, K6, K7 = "eagle_step_slot_mapping_metadata_kernel", "eagle_prepare_inputs_padded_kernel", "eagle_prepare_next_token_padded_kernel"
+K10 = "compute_slot_mapping_kernel"
+
+
+@dataclass(frozen=True)
+class StateClass:
+    name: str
+    kernels: tuple[str, ...]
+    # Occurrences in one case (rows, cells or 1/0), from the arguments and the oracle's outputs.
+    count: Callable[[str, Args, Outputs], int]
+    doc: str = ""
+    required: bool = True  # the ci and nightly profiles fail when no case reached it
+
+
+# -- the rejection rows (K1, K2) --------------------------------------------------------------------
+def _rows(kernel: str, a: Args, out: Outputs) -> list[tuple[int, int, list[Any]]]:
+    """(n, start, written row cells as values or None for untouched) of every row the kernel processes."""
+    cu = a["cu_num_draft_tokens_ptr"]
+    g = a["is_greedy_ptr"]
+    want = kernel == K1
+    o = out.get("output_token_ids_ptr")
+    if o is None:
+        return []
+    width = a["max_spec_len"] + 1
+    flat = o.reshape(-1).tolist()
+    poison = poison_value(o.dtype)
+    rows = []
+    n_all = counts(cu).tolist()
+    start = 0
+    for r, n in enumerate(n_all):
+        if g is None or bool(g[r]) == want:
+            cells = [None if v == poison else v for v in flat[r * width : (r + 1) * width]]
+            rows.append((n, start, cells))
+        start += n
+    return rows
+
+
+def _all_accepted(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for n, _, cells in _rows(kernel, a, out) if n >= 1 and cells[n] is not None)
+
+
+def _first_rejected(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for n, _, cells in _rows(kernel, a, out) if n >= 1 and cells[1] is None)
+
+
+def _rejected_later(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for n, _, cells in _rows(kernel, a, out) if n >= 2 and cells[1] is not None and cells[n] is None)
+
+
+def _zero_draft_rows(kernel: str, a: Args, out: Outputs) -> int:
+    if kernel in (K1, K2):
+        return sum(1 for n, _, _ in _rows(kernel, a, out) if n == 0)
+    cu = a["cu_num_draft_tokens_ptr"]  # K4 computes every row
+    return int((counts(cu) == 0).sum()) if cu.numel() else 0
+
+
+def _synthetic_rows(kernel: str, a: Args, out: Outputs) -> int:
+    return len(_rows(kernel, a, out)) if a["SYNTHETIC_MODE"] else 0
+
+
+def _mixed(kernel: str, a: Args, out: Outputs) -> int:
+    g = a["is_greedy_ptr"]
+    b = a["cu_num_draft_tokens_ptr"].numel()
+    return int(g is not None and b > 0 and bool(g[:b].any()) and not bool(g[:b].all()))
+
+
+def _placeholder_drafts(kernel: str, a: Args, out: Outputs) -> int:
+    d = a["draft_token_ids_ptr"]
+    if kernel in (K1, K2):
+        return sum(int((d[s : s + n] == -1).sum()) for n, s, _ in _rows(kernel, a, out))
+    t = int(a["cu_num_draft_tokens_ptr"][-1]) if a["cu_num_draft_tokens_ptr"].numel() else 0
+    return int((d[:t] == -1).sum())
+
+
+def _longest_accepted_chain(kernel: str, a: Args, out: Outputs) -> int:
+    """Drafts accepted in a row, the longest over the batch: a ``target()`` to maximise."""
+    best = 0
+    for n, _, cells in _rows(kernel, a, out):
+        accepted = n if cells[n] is not None else next((j for j in range(1, n + 1) if cells[j] is None), 1) - 1
+        best = max(best, accepted)
+    return best
+
+
+# -- the other kernels --------------------------------------------------------------------------------
+def _zero_draft_requests(kernel: str, a: Args, out: Outputs) -> int:
+    cu = a["cu_num_draft_tokens_ptr"]
+    if kernel == K6:
+        cu = cu[: a["num_reqs"]]
+    return int((counts(cu) == 0).sum()) if cu.numel() else 0
+
+
+def _capped(kernel: str, a: Args, out: Outputs) -> int:
+    return int((counts(a["cu_num_tokens_ptr"]) > a["MAX_NUM_TOKENS"]).sum()) if a["cu_num_tokens_ptr"].numel() else 0
+
+
+def _padding_rows(kernel: str, a: Args, out: Outputs) -> int:
+    """K5: rows past batch_size are CUDA-graph padding (C21); K10: the tail [num_tokens, max_num_tokens) (C22)."""
+    if kernel == K5:
+        return max(0, a["out_slot_mapping_ptr"].numel() - a["batch_size"])
+    return max(0, a["max_num_tokens"] - a["num_tokens"])
+
+
+def _discarded(kernel: str, a: Args, out: Outputs) -> int:
+    return int(a["discard_request_mask_ptr"][: a["num_reqs"]].sum())
+
+
+def _placeholder_samples(kernel: str, a: Args, out: Outputs) -> int:
+    n, w, stride = a["num_reqs"], a["num_sampled_tokens_per_req"], a["stride_sampled_token_ids"]
+    flat = flat_view(a["sampled_token_ids_ptr"]).tolist()
+    return sum(1 for r in range(n) for j in range(w) if r * stride + j < len(flat) and flat[r * stride + j] == -1)
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("all accepted", (K1, K2), _all_accepted, "a row with drafts whose every draft is accepted: the bonus is written"),
+    StateClass("first draft rejected", (K1, K2), _first_rejected, "a row with drafts rejected at position 0"),
+    StateClass("rejected after an accepted draft", (K1, K2), _rejected_later, "a row accepted at position 0 and rejected before its bonus"),
+    StateClass("zero drafts", (K1, K2, K4), _zero_draft_rows, "a processed row without drafts: only the bonus (K1, K2), nothing (K4)"),
+    StateClass("zero drafts", (K6,), _zero_draft_requests, "a request without drafts: 0 rejected tokens (C19)"),
+    StateClass("synthetic rows", (K1, K2), _synthetic_rows, "rows decided by u < rate (SYNTHETIC_MODE)"),
+    StateClass("mixed greedy and random", (K1, K2), _mixed, "a batch with greedy and random rows (C14)"),
+    StateClass("placeholder drafts", (K1, K2, K4), _placeholder_drafts, "-1 draft tokens (C10, C16)"),
+    StateClass("padding rows", (K5, K10), _padding_rows, "CUDA-graph padding rows (K5) or the padded tail of the slot mapping (K10)"),
+    StateClass("capped at MAX_NUM_TOKENS", (K3,), _capped, "a request with more tokens than MAX_NUM_TOKENS (C18)"),
+    StateClass("discarded requests", (K7,), _discarded, "a discarded request gets the backup token (C20)"),
+    StateClass("placeholder drafts", (K7,), _placeholder_samples, "-1 (rejected) sampled tokens (C20)"),
+)
+
+# Hypothesis target() per kernel: (label, function); maximised during generation.
+TARGETS: dict[str, tuple[str, Callable[[str, Args, Outputs], int]]] = {
+    K1: ("longest accepted chain", _longest_accepted_chain),
+    K2: ("longest accepted chain", _longest_accepted_chain),
+}
+
+
+def classes_for(kernel: str) -> list[StateClass]:
+    return [c for c in CLASSES if kernel in c.kernels]
+
+
+def required(kernel: str) -> list[str]:
+    return [c.name for c in classes_for(kernel) if c.required]
+
+
+def classify(kernel: str, args: Args, outputs: Outputs) -> Counter[str]:
+    """Occurrences of every class of ``kernel`` in one case (classes absent from it are omitted)."""
+    found: Counter[str] = Counter()
+    for c in classes_for(kernel):
+        n = c.count(kernel, args, outputs)
+        if n:
+            found[c.name] += n
+    return found
+
+
+def observe(kernel: str, args: Args, outputs: Outputs) -> Counter[str]:
+    """Classifies one case and reports it to Hypothesis: an ``event()`` per class, and the kernel's
+    ``target()``. Call from inside a Hypothesis test; returns the classification."""
+    from hypothesis import event, target
+
+    found = classify(kernel, args, outputs)
+    for name in sorted(found):
+        event(f"state: {name}")
+    if kernel in TARGETS:
+        label, fn = TARGETS[kernel]
+        target(float(fn(kernel, args, outputs)), label=label)
+    return found
+
+
+def missing(kernel: str, seen: Iterable[str]) -> list[str]:
+    """Required classes of ``kernel`` that no case reached."""
+    seen = set(seen)
+    return [n for n in dict.fromkeys(required(kernel)) if n not in seen]

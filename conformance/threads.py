@@ -1,0 +1,277 @@
+"""Thread-count invariance of the OpenMP port: bit-identical outputs at 1, 2, 3 and all cores.
+
+Every parallel loop of csrc/ carries an ``if (work >= threshold)`` clause, so the small batches
+Hypothesis generates would all run on one thread and prove nothing. This check therefore runs
+in a child process with a tiny preload library (:data:`SHIM`) that forces every parallel region
+*launched from cpu_impl._C* onto the full team: GCC lowers ``#pragma omp parallel if (c)`` to
+``GOMP_parallel(fn, data, c ? 0 : 1, flags)``, and the shim turns the ``1`` into ``0`` (the
+team size set by ``omp_set_num_threads``). Regions of other libraries (torch) are untouched.
+A port whose result depends on the thread count, or on how iterations are split among threads
+(a race, a missing reduction, a per-thread chunking), then disagrees with itself.
+
+For each kernel, each Hypothesis case runs on the ``cpu`` backend once per thread count through
+the runner's poisoning launch (inputs checked unchanged) and the outputs compare as bit
+patterns. The child reports how many parallel regions it forced, so a run that forced none —
+the shim not loaded, or a port without OpenMP — is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SHIM = r"""
+// Forces every OpenMP parallel region launched from cpu_impl._C onto the full team.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static unsigned long forced, regions;
+
+unsigned long specdiff_forced_regions(void) { return forced; }
+unsigned long specdiff_parallel_regions(void) { return regions; }
+
+static int from_extension(void *caller) {
+  Dl_info info;
+  return dladdr(caller, &info) && info.dli_fname && strstr(info.dli_fname, "cpu_impl/_C") != NULL;
+}
+
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags) {
+  static parallel_fn next;
+  if (!next) {
+    void *gomp = dlopen("libgomp.so.1", RTLD_NOLOAD | RTLD_LAZY);
+    next = (parallel_fn)dlsym(gomp ? gomp : RTLD_NEXT, "GOMP_parallel");
+    if (!next || next == GOMP_parallel) next = (parallel_fn)dlsym(RTLD_NEXT, "GOMP_parallel");
+    if (!next) {
+      fprintf(stderr, "specdiff force-parallel shim: no GOMP_parallel to forward to\n");
+      abort();
+    }
+  }
+  if (from_extension(__builtin_return_address(0))) {
+    __atomic_add_fetch(&regions, 1, __ATOMIC_RELAXED);
+    if (num_threads == 1) {  /* an if() clause that said "serial" */
+      num_threads = 0;
+      __atomic_add_fetch(&forced, 1, __ATOMIC_RELAXED);
+    }
+  }
+  next(fn, data, num_threads, flags);
+}
+"""
+
+_ENV_FLAG = "SPECDIFF_FORCE_PARALLEL"
+
+
+def thread_counts() -> list[int]:
+    """1, 2, 3 and every core, without repeats, in that order."""
+    counts: list[int] = []
+    for n in (1, 2, 3, os.cpu_count() or 1):
+        if n not in counts:
+            counts.append(n)
+    return counts
+
+
+def build_shim(directory: str | os.PathLike[str] | None = None) -> Path:
+    """Compiles :data:`SHIM` (about a second); returns the shared library's path."""
+    directory = Path(directory or tempfile.mkdtemp(prefix="specdiff-shim-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    src, lib = directory / "force_parallel.c", directory / "libspecdiff_force_parallel.so"
+    src.write_text(SHIM)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
+    return lib
+
+
+def _shim_counters() -> tuple[int, int] | None:
+    try:
+        me = ctypes.CDLL(None)
+        forced, regions = me.specdiff_forced_regions, me.specdiff_parallel_regions
+    except (OSError, AttributeError):
+        return None
+    forced.restype = regions.restype = ctypes.c_ulong
+    return int(forced()), int(regions())
+
+
+# -- the check, in the child process ------------------------------------------------------------
+class ThreadDisagreement(AssertionError):
+    pass
+
+
+def _describe(kernel: str, counts: list[int], outs: dict[int, Any]) -> str:
+    import torch
+
+    from conformance.runner import _bits
+
+    base = outs[counts[0]]
+    for n in counts[1:]:
+        o = outs[n]
+        if base.error or o.error:
+            if (base.error or "").splitlines()[:1] != (o.error or "").splitlines()[:1]:
+                return f"{kernel}: {counts[0]} thread(s): {base.error or 'ok'}; {n} threads: {o.error or 'ok'}"
+            continue
+        for name in sorted(base.outputs):
+            a, b = _bits(base.outputs[name]).reshape(-1), _bits(o.outputs[name]).reshape(-1)
+            if not torch.equal(a, b):
+                i = int((a != b).nonzero()[0])
+                return (
+                    f"{kernel}: output '{name}' differs between {counts[0]} and {n} OpenMP threads at flat element {i}: "
+                    f"{base.outputs[name].reshape(-1)[i].item()!r} vs {o.outputs[name].reshape(-1)[i].item()!r}"
+                )
+    return f"{kernel}: outputs differ between thread counts {counts}"
+
+
+def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None) -> dict[str, Any]:
+    """Runs ``kernel``'s Hypothesis cases at every thread count; returns a report entry."""
+    from hypothesis import given, settings
+
+    from conformance import kernels
+    from conformance.backends import BACKENDS
+    from conformance.runner import _key, _variants, run_backend, save_case
+    from conformance.strategies import cases
+    from cpu_impl import _C
+
+    backend = BACKENDS["cpu"]
+    if backend.resolve(kernels.get(kernel)) is None:
+        return {"status": "missing", "examples": 0, "message": f"cpu has no {kernel}"}
+    tally = {"examples": 0}
+    before = _shim_counters()
+
+    @given(case=cases(kernel))
+    def prop(case: Any) -> None:
+        tally["examples"] += 1
+        try:
+            for variant in range(_variants(case.spec, case.args)):
+                outs = {}
+                for n in counts:
+                    _C.set_num_threads(n)
+                    outs[n] = run_backend(backend, case, variant)
+                if len({_key(o) for o in outs.values()}) > 1:
+                    path = save_case(case)
+                    raise ThreadDisagreement(f"{_describe(kernel, counts, outs)}\n  replay: python -m conformance threads --replay {path}")
+        finally:
+            _C.set_num_threads(counts[-1])
+
+    if max_examples is not None:
+        prop = settings(max_examples=max_examples)(prop)
+    started = time.perf_counter()
+    entry: dict[str, Any] = {"status": "pass", "message": None}
+    try:
+        prop()
+    except ThreadDisagreement as e:
+        entry.update(status="fail", message=str(e))
+    except Exception as e:  # a strategy or harness error
+        entry.update(status="error", message=f"{type(e).__name__}: {e}")
+    after = _shim_counters()
+    entry["examples"] = tally["examples"]
+    entry["seconds"] = round(time.perf_counter() - started, 2)
+    if before is not None and after is not None:
+        entry["forced_regions"] = after[0] - before[0]
+        entry["parallel_regions"] = after[1] - before[1]
+    return entry
+
+
+def replay(path: str, counts: list[int]) -> int:
+    from conformance.backends import BACKENDS
+    from conformance.runner import _key, _variants, load_case, run_backend
+    from cpu_impl import _C
+
+    case = load_case(path)
+    for variant in range(_variants(case.spec, case.args)):
+        outs = {}
+        for n in counts:
+            _C.set_num_threads(n)
+            outs[n] = run_backend(BACKENDS["cpu"], case, variant)
+        if len({_key(o) for o in outs.values()}) > 1:
+            print(_describe(case.kernel, counts, outs))
+            return 1
+    print(f"{case.kernel}: identical at {counts} threads")
+    return 0
+
+
+# -- command line: re-executes itself with the shim preloaded ------------------------------------
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("threads", help="check the C++ port gives bit-identical outputs at 1, 2, 3 and all OpenMP threads")
+    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=("dev", "ci", "nightly"))
+    p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    p.add_argument("--threads", help="comma-separated thread counts (default 1,2,3,all cores)")
+    p.add_argument("--max-examples", type=int, help="override the profile's examples per kernel")
+    p.add_argument("--no-force", action="store_true", help="keep the ports' own serial thresholds (no preload shim)")
+    p.add_argument("--report", default="reports/threads.json")
+    p.add_argument("--junit", help="write a JUnit XML report here")
+    p.add_argument("--replay", help="re-run one saved case at every thread count")
+    p.set_defaults(func=_cmd)
+
+
+def _preloaded(lib: Path) -> bool:
+    return str(lib) in os.environ.get("LD_PRELOAD", "")
+
+
+def _cmd(ns: argparse.Namespace) -> int:
+    counts = [int(x) for x in ns.threads.split(",")] if ns.threads else thread_counts()
+    if not ns.no_force and os.environ.get(_ENV_FLAG) is None:
+        lib = build_shim()
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = " ".join(x for x in (env.get("LD_PRELOAD", ""), str(lib)) if x)  # after libasan, if any
+        env[_ENV_FLAG] = str(lib)
+        return subprocess.run([sys.executable, "-m", "conformance", "threads", *_argv(ns)], env=env).returncode
+    if ns.replay:
+        return replay(ns.replay, counts)
+    from hypothesis import settings
+
+    from conformance import kernels
+
+    settings.load_profile(ns.profile)
+    forcing = _shim_counters() is not None
+    print(f"specdiff threads: profile {ns.profile}, OpenMP threads {counts}, "
+          f"{'every parallel region forced (preload shim)' if forcing else 'ports keep their serial thresholds'}", flush=True)
+    results = {}
+    for name in ns.kernel or list(kernels.SPECS):
+        e = check_kernel(name, counts, ns.max_examples)
+        results[name] = e
+        forced = f", {e['forced_regions']}/{e['parallel_regions']} regions forced parallel" if "forced_regions" in e else ""
+        print(f"  {name}: {e['status']} {e['examples']} cases in {e.get('seconds', 0)} s{forced}", flush=True)
+        if e["message"]:
+            print("\n" + e["message"] + "\n", flush=True)
+    path = Path(ns.report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": 1, "profile": ns.profile, "threads": counts, "forced": forcing, "kernels": results}, indent=2) + "\n")
+    if ns.junit:
+        from conformance import junit
+
+        junit.write(ns.junit, "threads", [
+            junit.TestCase("threads", k, e.get("seconds", 0.0), failure=e["message"] if e["status"] == "fail" else None,
+                           error=e["message"] if e["status"] == "error" else None, skipped=e["message"] if e["status"] == "missing" else None)
+            for k, e in results.items()
+        ])
+    bad = [k for k, e in results.items() if e["status"] in ("fail", "error")]
+    if bad:
+        print(f"FAILED: {', '.join(bad)}")
+        return 1
+    print(f"thread counts {counts}: bit-identical on {len(results)} kernels")
+    return 0
+
+
+def _argv(ns: argparse.Namespace) -> list[str]:
+    out = ["--profile", ns.profile, "--report", ns.report]
+    for k in ns.kernel or []:
+        out += ["--kernel", k]
+    if ns.threads:
+        out += ["--threads", ns.threads]
+    if ns.max_examples is not None:
+        out += ["--max-examples", str(ns.max_examples)]
+    if ns.junit:
+        out += ["--junit", ns.junit]
+    if ns.replay:
+        out += ["--replay", ns.replay]
+    return out

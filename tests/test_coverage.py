@@ -1,0 +1,70 @@
+"""Coverage of the spec-decode state classes: each is reported as a Hypothesis event (see
+``pytest --hypothesis-show-statistics``), and under the ci and nightly profiles a required class
+that no case reached fails."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import coverage, kernels
+from conformance.backends import ORACLE
+from conformance.runner import Case, run_case
+from conformance.strategies import cases
+
+PROFILE = os.environ.get("SPECDIFF_PROFILE", "dev")
+SEEN: dict[str, Counter[str]] = {}
+
+
+@pytest.mark.parametrize("kernel", list(kernels.SPECS))
+@given(data=st.data())
+def test_state_classes_of_generated_cases(kernel, data):
+    case = data.draw(cases(kernel), label="case")
+    outcome = run_case(case, [ORACLE])[ORACLE]
+    assert outcome.error is None, outcome.error
+    SEEN.setdefault(kernel, Counter()).update(coverage.observe(kernel, case.args, outcome.outputs).keys())
+
+
+@pytest.mark.parametrize("kernel", list(kernels.SPECS))
+def test_every_required_state_class_was_generated(kernel):
+    if kernel not in SEEN:
+        pytest.skip("needs test_state_classes_of_generated_cases in the same run")
+    missing = coverage.missing(kernel, SEEN[kernel])
+    if missing and PROFILE not in ("ci", "nightly"):
+        pytest.skip(f"{PROFILE} profile: {', '.join(missing)} not reached (required under ci and nightly)")
+    assert not missing, f"{kernel}: state classes never generated: {', '.join(missing)}; seen {dict(SEEN[kernel])}"
+
+
+def _greedy(cu, draft, argmax, s, greedy=None, synthetic=False):
+    return Case("rejection_greedy_sample_kernel", dict(
+        output_token_ids_ptr=torch.full((len(cu), s + 1), -1, dtype=torch.int32),
+        cu_num_draft_tokens_ptr=torch.tensor(cu, dtype=torch.int32), draft_token_ids_ptr=torch.tensor(draft, dtype=torch.int32),
+        target_argmax_ptr=torch.tensor(argmax), bonus_token_ids_ptr=torch.tensor([[9]] * len(cu), dtype=torch.int32),
+        is_greedy_ptr=None if greedy is None else torch.tensor(greedy), max_spec_len=s, uniform_probs_ptr=None,
+        synthetic_conditional_rates_ptr=None, SYNTHETIC_MODE=synthetic))
+
+
+def test_rows_are_classified_from_the_oracles_output():
+    # rows: all accepted (1, 2), first rejected (3 != 4), zero drafts, accepted then rejected (5, then -1 placeholder)
+    case = _greedy([2, 3, 3, 5], [1, 2, 3, 5, -1], [1, 2, 4, 5, 6], 2, greedy=[True, True, True, True])
+    out = run_case(case, [ORACLE])[ORACLE].outputs
+    found = coverage.classify(case.kernel, case.args, out)
+    assert found == Counter({"all accepted": 1, "first draft rejected": 1, "zero drafts": 1,
+                             "rejected after an accepted draft": 1, "placeholder drafts": 1})
+
+
+def test_a_class_never_generated_fails_the_ci_run(monkeypatch, tmp_path, capsys):
+    from conformance.cli import main
+
+    never = coverage.StateClass("impossible", ("expand_kernel",), lambda k, a, o: 0, "no case reaches it")
+    monkeypatch.setattr(coverage, "CLASSES", (*coverage.CLASSES, never))
+    rc = main(["run", "--profile", "dev", "--kernel", "expand_kernel", "--backend", "cpu", "--require-coverage",
+               "--report", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml")])
+    out = capsys.readouterr().out
+    assert rc == 1 and "expand_kernel/coverage (impossible never generated)" in out
+    assert "required state classes never generated: impossible" in (tmp_path / "r.xml").read_text()
