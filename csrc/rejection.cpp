@@ -20,8 +20,10 @@ constexpr const char* kRandom = "rejection_random_sample_kernel";
 constexpr const char* kExpand = "expand_kernel";
 constexpr const char* kRecovered = "sample_recovered_tokens_kernel";
 
-// Rows are independent; below this many, thread start-up costs more than the work.
+// Rows are independent; below this many, thread start-up costs more than the work. K2 gathers one
+// probability per draft from [T, V] rows (a cache miss each), K1 and K3 only touch small arrays.
 constexpr std::int64_t kParallelRows = 256;
+constexpr std::int64_t kParallelSmallRows = 16384;
 
 // Rows a rejection kernel processes: is_greedy[r] == want, or every row without a mask.
 inline bool processes(const bool* is_greedy, std::int64_t r, bool want) {
@@ -81,7 +83,7 @@ void rejection_greedy_sample(Buffer out, Buffer cu, Buffer draft, Buffer argmax,
             const Cumulative<C> c{cu.as<C>()};
             const std::int64_t row_stride = max_spec_len + 1;  // from the argument (C2)
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (b >= kParallelRows) schedule(static)
+#pragma omp parallel for if (b >= kParallelSmallRows) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               if (!processes(g, r, true)) continue;
               const std::int64_t s = c.start(r), n = c.count(r);
@@ -221,7 +223,7 @@ void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std:
       const V from = static_cast<V>(replace_from), to = static_cast<V>(replace_to);
       const Cumulative<C> c{cu.as<C>()};
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (b >= kParallelRows) schedule(static)
+#pragma omp parallel for if (b >= kParallelSmallRows) schedule(static)
       for (std::int64_t r = 0; r < b; ++r) {
         const V v = x[r] == from ? to : x[r];
         const std::int64_t s = c.start(r), n = std::min(c.count(r), max_num_tokens);
@@ -237,42 +239,149 @@ void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std:
   });
 }
 
-// K4 splits each draft row's vocabulary into fixed chunks so that a single long request still
-// spreads over every core; the chunking never depends on the thread count, so neither do results.
-constexpr std::int64_t kChunk = 4096;
+// K4, the exponential race (spec §2.4). The work item is (request, vocabulary chunk): the
+// request's inv_q chunk is read from memory once and stays in L1 while every draft position of
+// the request scans its own target (and draft) chunk against it, so the launch streams each input
+// byte once. Each (draft token, chunk) leaves its best (value, index); the per-token merge visits
+// chunks in vocabulary order. Max and lowest index are exact operations, so the result depends on
+// neither the chunk size nor the thread count (and the chunk size may adapt to both).
 
 struct Best {
   double value;
   std::int64_t index;
 };
 
-// Lowest index of the largest non-NaN score in [lo, hi) of one draft row (C15). Scores are
-// formed exactly as the oracle forms them: one float32 subtraction, then a float32 (or, with
-// the fp64 option, float64) product.
+// Scores are formed exactly as the oracle forms them: one float32 subtraction, then a float32
+// (or, with the fp64 option, float64) product. A NaN score fails every `>` and never wins (C15).
 template <class S, bool NoDraft>
-Best chunk_best(const float* p, const float* q, const S* inv_q, std::int64_t lo, std::int64_t hi,
-                std::int64_t draft_id) {
-  S buf[kChunk];
-  S m = -std::numeric_limits<S>::infinity();
-  const std::int64_t len = hi - lo;
-#pragma omp simd reduction(max : m)
-  for (std::int64_t k = 0; k < len; ++k) {
-    const std::int64_t j = lo + k;
-    float w;
-    if constexpr (NoDraft) {
-      w = j == draft_id ? 0.0f : p[j];
-    } else {
-      const float diff = p[j] - q[j];
-      w = diff > 0.0f ? diff : 0.0f;  // max(p - q, 0) with NaN giving 0 (C16)
-    }
-    S s = static_cast<S>(w) * inv_q[j];
-    s = s == s ? s : -std::numeric_limits<S>::infinity();  // NaN never wins
-    buf[k] = s;
-    m = s > m ? s : m;
+inline S score(const float* p, const float* q, const S* inv_q, std::int64_t j) {
+  float w;
+  if constexpr (NoDraft) {
+    w = p[j];
+  } else {
+    const float diff = p[j] - q[j];
+    w = diff > 0.0f ? diff : 0.0f;  // max(p - q, 0) with NaN giving 0 (C16)
   }
-  for (std::int64_t k = 0; k < len; ++k)
-    if (buf[k] == m) return {static_cast<double>(m), lo + k};  // -0.0 == 0.0: a tie, lowest index
-  return {static_cast<double>(m), lo};
+  return static_cast<S>(w) * inv_q[j];
+}
+
+// Lowest index of the largest non-NaN score in [0, len) of one row slice; {-inf, 0} when every
+// score is NaN or -inf. One 64-byte vector of lanes (GCC vector extensions: exact IEEE operations,
+// lowered to whatever ISA the clone targets); each lane keeps its first maximum (strict >), then
+// the lanes are merged by value and lowest index, then the scalar tail (higher indices) by strict >.
+template <class S, bool NoDraft>
+[[gnu::always_inline]] inline Best scan_slice(const float* p, const float* q, const S* inv_q, std::int64_t len) {
+  constexpr int L = 64 / sizeof(S);  // 16 float32 or 8 float64 lanes
+  typedef S VS __attribute__((vector_size(64), aligned(sizeof(S)), may_alias));
+  typedef float VF __attribute__((vector_size(L * 4), aligned(4), may_alias));
+  const S inf = std::numeric_limits<S>::infinity();
+  VS mv, mi;  // per lane: best score, and the group it was seen in
+  for (int l = 0; l < L; ++l) {
+    mv[l] = -inf;
+    mi[l] = 0;
+  }
+  const std::int64_t groups = len / L;
+  VS gi = mi;
+  const VS one = mi + 1;
+  const VF zero = {};
+  for (std::int64_t g = 0; g < groups; ++g, gi += one) {
+    VF w = *reinterpret_cast<const VF*>(p + g * L);
+    if constexpr (!NoDraft) {
+      const VF diff = w - *reinterpret_cast<const VF*>(q + g * L);
+      w = diff > zero ? diff : zero;  // max(p - q, 0) with NaN giving 0 (C16)
+    }
+    VS s;
+    if constexpr (sizeof(S) == 4)
+      s = w;
+    else
+      s = __builtin_convertvector(w, VS);  // widened exactly; the product is float64 (C17)
+    s *= *reinterpret_cast<const VS*>(inv_q + g * L);
+    const auto gt = s > mv;
+    mv = gt ? s : mv;
+    mi = gt ? gi : mi;
+  }
+  S top = -inf;
+  for (int l = 0; l < L; ++l) top = mv[l] > top ? mv[l] : top;
+  std::int64_t at = len;  // lowest index holding top (-0.0 == 0.0 is a tie); 0 when all are -inf
+  for (int l = 0; l < L; ++l)
+    if (mv[l] == top) at = std::min(at, static_cast<std::int64_t>(mi[l]) * L + l);
+  Best best{static_cast<double>(top), at};
+  for (std::int64_t j = groups * L; j < len; ++j) {
+    const S s = score<S, NoDraft>(p, q, inv_q, j);
+    if (s > top) {
+      top = s;
+      best = {static_cast<double>(s), j};
+    }
+  }
+  return best;
+}
+
+// Ties go to the lower index; a NaN never arrives here (scan_slice ignores NaN scores).
+inline void merge(Best& acc, const Best& x) {
+  if (x.value > acc.value || (x.value == acc.value && x.index < acc.index)) acc = x;
+}
+
+// One draft row's chunk [lo, hi). Without draft probabilities exactly the draft's lane is zeroed
+// (its score is 0 * inv_q, which may be NaN or -0.0): the slice is scanned around it.
+template <class S, bool NoDraft>
+[[gnu::always_inline]] inline Best scan_chunk(const float* p, const float* q, const S* inv_q, std::int64_t lo,
+                                              std::int64_t hi, std::int64_t draft_id) {
+  if (!NoDraft || draft_id < lo || draft_id >= hi) {
+    Best b = scan_slice<S, NoDraft>(p + lo, NoDraft ? nullptr : q + lo, inv_q + lo, hi - lo);
+    b.index += lo;
+    return b;
+  }
+  Best acc = scan_slice<S, NoDraft>(p + lo, nullptr, inv_q + lo, draft_id - lo);
+  acc.index += lo;
+  const S excluded = static_cast<S>(0.0f) * inv_q[draft_id];
+  if (excluded == excluded) merge(acc, Best{static_cast<double>(excluded), draft_id});
+  if (draft_id + 1 < hi) {
+    Best rest = scan_slice<S, NoDraft>(p + draft_id + 1, nullptr, inv_q + draft_id + 1, hi - draft_id - 1);
+    rest.index += draft_id + 1;
+    merge(acc, rest);
+  }
+  return acc;
+}
+
+// One entry point per (inv_q width, draft-probs) pair, compiled for AVX-512, AVX2 and baseline
+// x86-64 and picked at load time, so the default build is fast on every machine.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SPECDIFF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SPECDIFF_CLONES
+#endif
+
+// Scans draft tokens [tok, tok + n) of one request on chunk [lo, hi), writing best[tok_i * chunks + k].
+#define SPECDIFF_SCAN_ROWS(NAME, S, NODRAFT)                                                                    \
+  SPECDIFF_CLONES void NAME(const float* p, const float* q, const S* inv_q, const std::int64_t* draft,          \
+                            std::int64_t tok, std::int64_t n, std::int64_t vocab, std::int64_t lo,              \
+                            std::int64_t hi, Best* best, std::int64_t chunks, std::int64_t k) {                 \
+    for (std::int64_t i = tok; i < tok + n; ++i)                                                               \
+      best[i * chunks + k] = scan_chunk<S, NODRAFT>(p + i * vocab, NODRAFT ? nullptr : q + i * vocab, inv_q, lo, \
+                                                    hi, NODRAFT ? draft[i - tok] : -1);                        \
+  }
+SPECDIFF_SCAN_ROWS(scan_rows_f32_draft, float, false)
+SPECDIFF_SCAN_ROWS(scan_rows_f32_nodraft, float, true)
+SPECDIFF_SCAN_ROWS(scan_rows_f64_draft, double, false)
+SPECDIFF_SCAN_ROWS(scan_rows_f64_nodraft, double, true)
+#undef SPECDIFF_SCAN_ROWS
+
+template <class S, bool NoDraft>
+void scan_rows(const float* p, const float* q, const S* inv_q, const std::int64_t* draft, std::int64_t tok,
+               std::int64_t n, std::int64_t vocab, std::int64_t lo, std::int64_t hi, Best* best, std::int64_t chunks,
+               std::int64_t k) {
+  if constexpr (sizeof(S) == 4)
+    (NoDraft ? scan_rows_f32_nodraft : scan_rows_f32_draft)(p, q, inv_q, draft, tok, n, vocab, lo, hi, best, chunks, k);
+  else
+    (NoDraft ? scan_rows_f64_nodraft : scan_rows_f64_draft)(p, q, inv_q, draft, tok, n, vocab, lo, hi, best, chunks, k);
+}
+
+// Vocabulary chunk width: 8192 elements, halved (down to 1024) until there are enough work items
+// to balance the threads even for one request. Results never depend on it.
+std::int64_t chunk_width(std::int64_t requests, std::int64_t vocab, int threads) {
+  std::int64_t w = 8192;
+  while (w > 1024 && requests * ((vocab + w - 1) / w) < 8 * static_cast<std::int64_t>(threads)) w /= 2;
+  return w;
 }
 
 void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_probs, Buffer target_probs,
@@ -294,9 +403,6 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
     need_len(kRecovered, "inv_q_ptr", inv_q, b * vocab_size);
     if (t == 0) return;
     const Cumulative<C> c{cu.as<C>()};
-    std::vector<std::int64_t> request(t);  // the request of each draft token
-    for (std::int64_t r = 0; r < b; ++r)
-      for (std::int64_t i = c.start(r); i < c.end(r); ++i) request[i] = r;
     with_int(kRecovered, "draft_token_ids_ptr", draft.dtype, [&](auto d_) {
       with_int(kRecovered, "output_token_ids_ptr", out.dtype, [&](auto o_) {
         with_float(kRecovered, "inv_q_ptr", inv_q.dtype, [&](auto s_) {
@@ -308,20 +414,27 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
           const float* p = target_probs.as<float>();
           const float* q = no_draft_probs ? nullptr : draft_probs.as<float>();
           const S* iq = inv_q.as<S>();
-          const std::int64_t chunks = (vocab_size + kChunk - 1) / kChunk;
+          // Draft ids widened once (read only without draft probabilities).
+          std::vector<std::int64_t> ids(no_draft_probs ? t : 0);
+          for (std::int64_t i = 0; i < static_cast<std::int64_t>(ids.size()); ++i) ids[i] = d[i];
+          const bool parallel = t * vocab_size >= 32768;
+          const std::int64_t width = chunk_width(b, vocab_size, parallel ? omp_get_max_threads() : 1);
+          const std::int64_t chunks = (vocab_size + width - 1) / width;
           std::vector<Best> best(t * chunks);
           py::gil_scoped_release nogil;
-#pragma omp parallel for schedule(static) if (t * vocab_size >= 32768)
-          for (std::int64_t w = 0; w < t * chunks; ++w) {
-            const std::int64_t tok = w / chunks, lo = (w % chunks) * kChunk;
-            const std::int64_t hi = std::min(lo + kChunk, vocab_size);
-            const float* prow = p + tok * vocab_size;
-            const float* qrow = q ? q + tok * vocab_size : nullptr;
-            const S* irow = iq + request[tok] * vocab_size;
-            best[w] = no_draft_probs ? chunk_best<S, true>(prow, qrow, irow, lo, hi, static_cast<std::int64_t>(d[tok]))
-                                     : chunk_best<S, false>(prow, qrow, irow, lo, hi, -1);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+          for (std::int64_t w = 0; w < b * chunks; ++w) {
+            const std::int64_t r = w / chunks, k = w % chunks;
+            const std::int64_t s = c.start(r), n = c.count(r);
+            if (n == 0) continue;
+            const std::int64_t lo = k * width, hi = std::min(lo + width, vocab_size);
+            const std::int64_t* dr = no_draft_probs ? ids.data() + s : nullptr;
+            if (no_draft_probs)
+              scan_rows<S, true>(p, q, iq + r * vocab_size, dr, s, n, vocab_size, lo, hi, best.data(), chunks, k);
+            else
+              scan_rows<S, false>(p, q, iq + r * vocab_size, dr, s, n, vocab_size, lo, hi, best.data(), chunks, k);
           }
-#pragma omp parallel for schedule(static) if (t >= kParallelRows)
+#pragma omp parallel for schedule(static) if (t >= kParallelSmallRows)
           for (std::int64_t tok = 0; tok < t; ++tok) {
             // Strictly larger replaces: ties across chunks go to the earlier one; all -inf gives 0.
             Best acc{-std::numeric_limits<double>::infinity(), 0};
