@@ -11,13 +11,16 @@ from conformance.contract import Args, KernelSpec
 
 # Must match csrc/common.h.
 DTYPE_CODES = {torch.int32: 0, torch.int64: 1, torch.float32: 2, torch.float64: 3, torch.bool: 4}
+# Keyed by the dtype object's id: hashing a torch.dtype costs more than the rest of buf().
+_CODES_BY_ID = {id(dtype): code for dtype, code in DTYPE_CODES.items()}
 
 
 def buf(t: torch.Tensor | None) -> tuple[int, int, int] | None:
     """A tensor as the (data_ptr, dtype code, numel) triple the C++ entry points take."""
     if t is None or not isinstance(t, torch.Tensor):
         return None
-    return (t.data_ptr(), DTYPE_CODES[t.dtype], t.numel())
+    code = _CODES_BY_ID.get(id(t.dtype))
+    return (t.data_ptr(), DTYPE_CODES[t.dtype] if code is None else code, t.numel())
 
 
 class CpuKernel:
