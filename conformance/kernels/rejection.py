@@ -214,6 +214,75 @@ def _explain_recovered(a: Mapping[str, Any], output: str, index: int) -> str:
     )
 
 
+# -- bytes moved (benchmarks' GB/s) ------------------------------------------------------------------
+# What a launch must read and write at least, element by element (no cache-line rounding): every
+# byte counted is one the semantics need, so a GB/s figure above the machine's bandwidth is a
+# harness error, never a win.
+def _nbytes(t: Any, n: int) -> int:
+    return n * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _examined(a: Mapping[str, Any], want_greedy: bool | None) -> tuple[int, int, int, int]:
+    """(B, rows processed, draft tokens examined when every position is, longest processed row)."""
+    cu = a["cu_num_draft_tokens_ptr"]
+    b = cu.numel()
+    n = counts(cu)
+    g = a["is_greedy_ptr"]
+    if g is not None and want_greedy is not None:
+        keep = g[:b] if want_greedy else ~g[:b]
+        n = n[keep]
+    return b, n.numel(), int(n.sum()), int(n.max()) if n.numel() else 0
+
+
+def _greedy_bytes(a: Mapping[str, Any]) -> int:
+    # Upper end of the data-dependent range: every draft position examined (no early rejection).
+    b, rows, t, longest = _examined(a, True)
+    out = a["output_token_ids_ptr"]
+    moved = _nbytes(a["cu_num_draft_tokens_ptr"], b) + _nbytes(a["is_greedy_ptr"], b)
+    moved += _nbytes(a["draft_token_ids_ptr"], t) + _nbytes(a["target_argmax_ptr"], t)
+    moved += _nbytes(a["bonus_token_ids_ptr"], rows) + _nbytes(out, t + rows)
+    if a["SYNTHETIC_MODE"]:
+        moved += _nbytes(a["uniform_probs_ptr"], t) + _nbytes(a["synthetic_conditional_rates_ptr"], longest)
+    return moved
+
+
+def _random_bytes(a: Mapping[str, Any]) -> int:
+    # Every draft position examined; one target (and draft) probability per position: the
+    # kernel gathers single elements from [T, V], it never streams the rows.
+    b, rows, t, longest = _examined(a, False)
+    out = a["output_token_ids_ptr"]
+    moved = _nbytes(a["cu_num_draft_tokens_ptr"], b) + _nbytes(a["is_greedy_ptr"], b)
+    moved += _nbytes(a["draft_token_ids_ptr"], t) + _nbytes(a["uniform_probs_ptr"], t)
+    moved += _nbytes(a["recovered_token_ids_ptr"], t) + _nbytes(a["bonus_token_ids_ptr"], rows)
+    moved += _nbytes(out, t + rows)
+    if a["SYNTHETIC_MODE"]:
+        moved += _nbytes(a["synthetic_conditional_rates_ptr"], longest)
+    else:
+        moved += _nbytes(a["target_probs_ptr"], t) + _nbytes(a["draft_probs_ptr"], t)
+    return moved
+
+
+def _expand_bytes(a: Mapping[str, Any]) -> int:
+    cu = a["cu_num_tokens_ptr"]
+    b = cu.numel()
+    written = int(counts(cu).clamp(max=a["MAX_NUM_TOKENS"]).sum())
+    return _nbytes(a["input_ptr"], b) + _nbytes(cu, b) + _nbytes(a["output_ptr"], written)
+
+
+def _recovered_bytes(a: Mapping[str, Any]) -> int:
+    # Streams every draft row of p (and q) once, and each request's inv_q row once when the
+    # request has drafts (its positions share it); writes one id per draft position.
+    cu = a["cu_num_draft_tokens_ptr"]
+    n = counts(cu)
+    b, t, v = cu.numel(), int(n.sum()), a["vocab_size"]
+    requests = int((n > 0).sum())
+    moved = _nbytes(cu, b) + _nbytes(a["target_probs_ptr"], t * v) + _nbytes(a["draft_probs_ptr"], t * v)
+    moved += _nbytes(a["inv_q_ptr"], requests * v) + _nbytes(a["output_token_ids_ptr"], t)
+    if a["NO_DRAFT_PROBS"]:
+        moved += _nbytes(a["draft_token_ids_ptr"], t)
+    return moved
+
+
 # -- the contracts ---------------------------------------------------------------------------------
 _OUT = dict(role=Role.OUT, ndim=(1, 2))
 
@@ -237,6 +306,7 @@ REJECTION_GREEDY = KernelSpec(
     preconditions=_greedy_preconditions,
     flags=(Flag("SYNTHETIC_MODE", "synthetic_conditional_rates_ptr", lambda x: x is not None, "rates is not None"),),
     explain=_explain_greedy,
+    bytes_moved=_greedy_bytes,
 )
 
 REJECTION_RANDOM = KernelSpec(
@@ -266,6 +336,7 @@ REJECTION_RANDOM = KernelSpec(
         Flag("SYNTHETIC_MODE", "synthetic_conditional_rates_ptr", lambda x: x is not None, "rates is not None"),
     ),
     explain=_explain_random,
+    bytes_moved=_random_bytes,
 )
 
 EXPAND = KernelSpec(
@@ -283,6 +354,7 @@ EXPAND = KernelSpec(
     grid=lambda a: (a["input_ptr"].numel(),),
     preconditions=_expand_preconditions,
     explain=_explain_expand,
+    bytes_moved=_expand_bytes,
 )
 
 SAMPLE_RECOVERED = KernelSpec(
@@ -309,6 +381,7 @@ SAMPLE_RECOVERED = KernelSpec(
         Flag("USE_FP64_GUMBEL", "inv_q_ptr", lambda x: _is_tensor(x) and x.dtype == torch.float64, "inv_q_ptr is float64"),
     ),
     explain=_explain_recovered,
+    bytes_moved=_recovered_bytes,
 )
 
 SPECS = (REJECTION_GREEDY, REJECTION_RANDOM, EXPAND, SAMPLE_RECOVERED)
