@@ -1,9 +1,10 @@
 """Value-level checks shared by the input-preparation contracts (K5–K10).
 
 Block tables and the sampled-token matrix are addressed as ``row * stride + column`` from the
-data pointer, with the stride taken from a scalar argument (spec §1.4); what such a kernel may
-read is the tensor's *span*, not its element count. Query offsets are exclusive cumulative
-counts (§1.2).
+data pointer, with the stride taken from a scalar argument (spec §1.4). A read is inside the
+tensor when its flat index is one of the tensor's elements: for a column slice of a wider
+buffer, the gaps between rows belong to the buffer, not to the tensor, and are out of bounds.
+Query offsets are exclusive cumulative counts (§1.2).
 """
 
 from __future__ import annotations
@@ -22,24 +23,47 @@ def require_length(kernel: str, name: str, t: Any, need: int) -> None:
 
 
 def span(t: torch.Tensor) -> int:
-    """Elements a possibly strided tensor covers from its first element to its last: the flat
-    indices ``[0, span)`` a kernel may address from its data pointer (``numel`` if contiguous)."""
+    """Elements a possibly strided tensor covers from its first element to its last."""
     if t.numel() == 0:
         return 0
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
 
-def require_flat(kernel: str, name: str, t: torch.Tensor, lo: int, hi: int, what: str) -> None:
-    """Flat indices ``lo..hi`` (inclusive; nothing if ``hi < lo``) lie inside ``t``'s span."""
-    if hi >= lo:
-        require(lo >= 0 and hi < span(t), kernel, name, f"is read at flat index {lo if lo < 0 else hi} ({what}), spans {span(t)} elements")
+def geometry(t: torch.Tensor) -> tuple[int, int, int]:
+    """(rows, columns, row stride) of the flat indices that are elements of ``t``: rows runs of
+    ``columns`` elements, ``row stride`` apart. A contiguous tensor is one run of ``numel``; a
+    column slice of a wider buffer has gaps between its rows that are not its elements."""
+    if t.is_contiguous():
+        return (1, t.numel(), t.numel())
+    return (t.shape[0], t.shape[1], t.stride(0))  # 2-D with unit inner stride (Param.contiguous=False)
+
+
+def holds(t: torch.Tensor, flat: torch.Tensor, width: int = 1) -> torch.Tensor:
+    """Whether flat indices ``[f, f + width)`` from ``t``'s data pointer are all elements of ``t``."""
+    rows, cols, stride = geometry(t)
+    if rows == 0 or cols == 0:
+        return torch.zeros_like(flat, dtype=torch.bool)
+    if stride <= cols:  # the runs touch: the elements are [0, span)
+        return (flat >= 0) & (flat + width <= (rows - 1) * stride + cols)
+    row = flat.div(stride, rounding_mode="floor")
+    return (flat >= 0) & (row < rows) & (flat + width <= row * stride + cols)
 
 
 def require_rows(kernel: str, name: str, t: torch.Tensor, rows: int, stride: int, width: int) -> None:
-    """Every flat element ``r * stride + c`` with ``r < rows`` and ``c < width`` lies inside ``t``."""
+    """Every flat index ``r * stride + c`` with ``r < rows`` and ``c < width`` is an element of ``t``."""
     if rows > 0 and width > 0:
-        last = (rows - 1) * stride
-        require_flat(kernel, name, t, min(0, last), max(0, last) + width - 1, f"{rows} rows of {width} at stride {stride}")
+        ok = holds(t, torch.arange(rows, dtype=torch.int64) * stride, width)
+        if not ok.all():
+            r = int((~ok).nonzero()[0])
+            raise ValueError(f"{kernel}: '{name}' must hold row {r}'s {width} elements at flat index {r * stride} (row stride {stride}), shape {tuple(t.shape)}")
+
+
+def require_elements(kernel: str, name: str, t: torch.Tensor, flat: torch.Tensor, what: str) -> None:
+    """Every flat index in ``flat`` is an element of ``t``."""
+    ok = holds(t, flat)
+    if not ok.all():
+        i = int((~ok).nonzero()[0])
+        raise ValueError(f"{kernel}: '{name}' is read at flat index {int(flat[i])} ({what}), which is not an element of shape {tuple(t.shape)}")
 
 
 def exclusive_offsets(kernel: str, name: str, qsl: torch.Tensor, entries: int) -> list[int]:
@@ -60,7 +84,8 @@ def at_least(kernel: str, name: str, value: int, low: int) -> None:
 
 def flat_view(t: torch.Tensor) -> torch.Tensor:
     """A 1-D view of everything a strided tensor spans: element ``i`` is flat index ``i`` from
-    the data pointer, as a kernel that addresses ``row * stride + column`` sees it."""
+    the data pointer, as a kernel that addresses ``row * stride + column`` sees it. Indices
+    that are not elements of ``t`` (see :func:`holds`) are never read in valid input."""
     return torch.as_strided(t, (span(t),), (1,))
 
 

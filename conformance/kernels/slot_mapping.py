@@ -13,7 +13,14 @@ from typing import Any
 import torch
 
 from conformance.contract import INT, KernelSpec, Role, constexpr, ptr, require, scalar
-from conformance.kernels._checks import at_least, exclusive_offsets, item, power_of_two, require_flat, require_length
+from conformance.kernels._checks import (
+    at_least,
+    exclusive_offsets,
+    item,
+    power_of_two,
+    require_elements,
+    require_length,
+)
 
 I32, I64 = torch.int32, torch.int64
 K10 = "compute_slot_mapping_kernel"
@@ -59,10 +66,8 @@ def _preconditions(a: Mapping[str, Any]) -> None:
     require(int(positions.min()) >= 0, K10, "positions_ptr", f"must hold positions >= 0 (C25), got {int(positions.min())}")
     vbi, _, local = local_slots(a, positions)
     # The virtual block index is not clamped: it may run into the next row, never past the table (C22).
-    flat = request * a["block_table_stride"] + vbi
-    if local.any():
-        flat = flat[local]
-        require_flat(K10, "block_table_ptr", a["block_table_ptr"], int(flat.min()), int(flat.max()), "a local token's block")
+    flat = (request * a["block_table_stride"] + vbi)[local]
+    require_elements(K10, "block_table_ptr", a["block_table_ptr"], flat, "a local token's block")
 
 
 def _explain(a: Mapping[str, Any], output: str, index: int) -> str:
