@@ -31,7 +31,8 @@ def compute_slot_mapping_kernel(
 ) -> None:
     # BLOCK_SIZE only tiles the Triton kernel's tokens; results never depend on it.
     contracts.COMPUTE_SLOT_MAPPING.check(locals())
-    KBS, W, RK, I = KV_CACHE_BLOCK_SIZE, TOTAL_CP_WORLD_SIZE, TOTAL_CP_RANK, CP_KV_CACHE_INTERLEAVE_SIZE
+    KBS, W, RK = KV_CACHE_BLOCK_SIZE, TOTAL_CP_WORLD_SIZE, TOTAL_CP_RANK
+    interleave = CP_KV_CACHE_INTERLEAVE_SIZE  # the spec's I
     query_start = query_start_loc_ptr.tolist()
     table = flat_view(block_table_ptr)
 
@@ -45,8 +46,8 @@ def compute_slot_mapping_kernel(
         # A virtual block spans KBS * W positions; within it, runs of I tokens go to ranks in turn.
         virtual_block = position // (KBS * W)
         virtual_offset = position - virtual_block * (KBS * W)
-        local = (virtual_offset // I) % W == RK
-        local_offset = (virtual_offset // (W * I)) * I + virtual_offset % I
+        local = (virtual_offset // interleave) % W == RK
+        local_offset = (virtual_offset // (W * interleave)) * interleave + virtual_offset % interleave
         # The virtual block index is not clamped: past the row it reads the next row (C22).
         # The table is read only for this rank's tokens; the others get PAD_ID.
         slot = torch.full_like(position, PAD_ID)
