@@ -5,12 +5,21 @@
 
 namespace specdiff {
 void register_rejection(py::module_& m);
+void register_eagle(py::module_& m);
+void register_dflash(py::module_& m);
+void register_slot_mapping(py::module_& m);
 }
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "specdiff's OpenMP port of vLLM's speculative-decoding kernels";
   auto rejection = m.def_submodule("rejection", "rejection-sampler family");
   specdiff::register_rejection(rejection);
+  auto eagle = m.def_submodule("eagle", "EAGLE input preparation");
+  specdiff::register_eagle(eagle);
+  auto dflash = m.def_submodule("dflash", "DFlash input preparation");
+  specdiff::register_dflash(dflash);
+  auto slot_mapping = m.def_submodule("slot_mapping", "KV slot mapping");
+  specdiff::register_slot_mapping(slot_mapping);
   m.def("max_threads", [] { return omp_get_max_threads(); });
   m.def("set_num_threads", [](int n) { omp_set_num_threads(n); });
 }

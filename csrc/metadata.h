@@ -1,0 +1,105 @@
+// Argument checks shared by the input-preparation ports (K5–K10): per-request metadata read
+// into int64 vectors, and block tables addressed as row * stride + column.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace specdiff {
+
+// The first n elements of an integer buffer, widened to int64. Small per-request inputs
+// (offsets, counts, next tokens) are read once, checked, and then used by every thread.
+inline std::vector<std::int64_t> load_ints(const char* kernel, const char* name, const Buffer& b, std::int64_t n) {
+  need_len(kernel, name, b, n);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  with_int(kernel, name, b.dtype, [&](auto t_) {
+    using T = decltype(t_);
+    const T* p = b.as<T>();
+    for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<std::int64_t>(p[i]);
+  });
+  return v;
+}
+
+// A tensor addressed as row * stride + column from its data pointer (a block table, K7's
+// sampled tokens). Its elements are `rows` runs of `cols`, `row_stride` apart; for a column
+// slice of a wider buffer the gaps between runs are not elements, and reading them is out of
+// bounds. A contiguous tensor is one run of numel elements.
+struct Strided {
+  Buffer data;
+  std::int64_t rows, cols, row_stride;
+  template <class T>
+  T* as() const { return data.as<T>(); }
+  // Whether the flat indices [flat, flat + width) are all elements.
+  bool holds(std::int64_t flat, std::int64_t width = 1) const {
+    if (width <= 0) return true;
+    if (flat < 0 || rows <= 0 || cols <= 0) return false;
+    if (row_stride <= cols) return flat + width <= (rows - 1) * row_stride + cols;  // runs touch
+    const std::int64_t row = flat / row_stride;
+    return row < rows && flat + width <= row * row_stride + cols;
+  }
+};
+
+inline void need_element(const char* kernel, const char* name, const Strided& t, std::int64_t flat,
+                         const std::string& what) {
+  if (!t.holds(flat))
+    fail(kernel, name, "is read at flat index " + std::to_string(flat) + " (" + what + "), which is not an element");
+}
+
+// Every flat index r * stride + c with r < rows and c < width is an element.
+inline void need_rows(const char* kernel, const char* name, const Strided& t, std::int64_t rows, std::int64_t stride,
+                      std::int64_t width) {
+  if (width <= 0) return;
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (!t.holds(r * stride, width))
+      fail(kernel, name,
+           "must hold row " + std::to_string(r) + "'s " + std::to_string(width) + " elements at flat index " +
+               std::to_string(r * stride) + " (row stride " + std::to_string(stride) + ")");
+}
+
+inline void need_at_least(const char* kernel, const char* name, std::int64_t value, std::int64_t low) {
+  if (value < low) fail(kernel, name, "must be >= " + std::to_string(low) + ", got " + std::to_string(value));
+}
+
+inline void need_power_of_two(const char* kernel, const char* name, std::int64_t value) {
+  if (value < 1 || (value & (value - 1)) != 0)
+    fail(kernel, name, "must be a power of two, got " + std::to_string(value));
+}
+
+// The first `entries` elements of query_start_loc: non-negative and non-decreasing (spec §1.2).
+inline std::vector<std::int64_t> load_offsets(const char* kernel, const char* name, const Buffer& b,
+                                              std::int64_t entries) {
+  std::vector<std::int64_t> v = load_ints(kernel, name, b, entries);
+  check_cumulative(kernel, name, v.data(), entries);
+  return v;
+}
+
+}  // namespace specdiff
+
+// A Strided arrives from Python as (data_ptr, dtype code, numel, rows, cols, row_stride);
+// see cpu_impl/eagle.py:strided_buf.
+namespace pybind11::detail {
+template <>
+struct type_caster<specdiff::Strided> {
+  PYBIND11_TYPE_CASTER(specdiff::Strided, const_name("Strided"));
+  bool load(handle src, bool) {
+    if (!PyTuple_Check(src.ptr()) || PyTuple_GET_SIZE(src.ptr()) != 6) return false;
+    PyObject* t = src.ptr();
+    value.data.ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0)));
+    value.data.dtype = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 1)));
+    value.data.numel = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2)));
+    value.rows = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3)));
+    value.cols = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 4)));
+    value.row_stride = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 5)));
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+  static handle cast(const specdiff::Strided&, return_value_policy, handle) { return none().release(); }
+};
+}  // namespace pybind11::detail
