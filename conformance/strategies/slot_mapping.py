@@ -1,0 +1,97 @@
+"""Cases of the KV slot-mapping kernel (K10): context parallelism (every world size, rank and
+interleave of the spec), rows narrower than the positions (reads run into the next row),
+cudagraph tails, gaps that stay untouched, unordered positions and rare >1024-token requests."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+
+from conformance.kernels import slot_mapping as contracts
+from conformance.runner import Case
+from conformance.strategies import cases_for, generator, int_dtypes, seeds
+from conformance.strategies.metadata import (
+    I64,
+    block_table,
+    cdiv,
+    exclusive_offsets,
+    padding,
+    query_lengths,
+    request_positions,
+    spare_columns,
+    wide_dtypes,
+)
+
+
+@cases_for(contracts.K10)
+def slot_mapping_cases() -> st.SearchStrategy[Case]:
+    return _slot_mapping_cases()
+
+
+@st.composite
+def _slot_mapping_cases(draw: st.DrawFn) -> Case:
+    lengths = draw(query_lengths(min_len=0, decode_len=4, prefill=(5, 40)))
+    if lengths and draw(st.sampled_from([False] * 7 + [True])):
+        lengths[draw(st.integers(0, len(lengths) - 1))] = draw(st.integers(1025, 1100))
+        event("request longer than one 1024-token tile")
+    b = len(lengths)
+    g = generator(draw(seeds))
+    first = draw(st.sampled_from([0, 0, 0, 3]))  # [0, qsl[0]) stays untouched
+    qsl = exclusive_offsets(lengths, I64, first)
+    scheduled = int(qsl[-1])
+    num_tokens = scheduled + draw(st.sampled_from([0, 0, 0, 2]))  # [qsl[R], num_tokens) stays untouched
+    max_num_tokens = max(num_tokens + draw(st.sampled_from([3, 0, 1, 17, -2])), 0)
+    if max_num_tokens <= num_tokens:
+        event("no tail to pad")
+
+    positions = request_positions(g, lengths, high=200)
+    if positions.numel() and draw(st.sampled_from([False, False, True])):
+        positions = positions[torch.randperm(positions.numel(), generator=g)]  # need not increase
+        event("unordered positions")
+    positions = torch.cat([torch.arange(first), positions, torch.arange(num_tokens - scheduled)])
+
+    kbs = draw(st.sampled_from([16, 1, 2, 4]))
+    world = draw(st.sampled_from([1, 2, 4]))
+    rank = draw(st.integers(0, world - 1))
+    interleave = draw(st.sampled_from([1, 2, kbs]))
+    if world > 1:
+        event(f"context parallel: W={world}")
+
+    # Virtual block of every scheduled token; rows narrower than that read the next row (C22).
+    token_request = torch.repeat_interleave(torch.arange(b), torch.tensor(lengths, dtype=I64)) if b else torch.zeros(0, dtype=I64)
+    virtual_block = positions[first:scheduled] // (kbs * world)
+    widest = int(virtual_block.max()) + 1 if virtual_block.numel() else 1
+    wider = draw(spare_columns)
+    # Past the row's width a read runs into the next row; in a column slice of a wider buffer it
+    # would land in a gap, which is not an element: sliced tables are wide enough.
+    cols = widest if wider or draw(st.booleans()) else draw(st.integers(1, widest))
+    stride = cols + wider
+    rows = b + draw(st.integers(0, 2))
+    if virtual_block.numel():
+        need = int((token_request * stride + virtual_block).max()) + 1  # span the table must cover
+        rows = max(rows, cdiv(need - cols, stride) + 1)
+    if cols < widest:
+        event("positions past the row's width")
+    table = block_table(g, max(rows, 1), cols, wider, draw(int_dtypes))
+
+    longest = max(lengths, default=0)
+    tile = draw(st.sampled_from([1024, 1024, 4, 16]))
+    if cdiv(longest, tile) > 32:
+        tile = 1024
+    args = dict(
+        num_tokens=num_tokens,
+        max_num_tokens=max_num_tokens,
+        query_start_loc_ptr=qsl.to(draw(int_dtypes)),
+        positions_ptr=positions.to(draw(wide_dtypes)),
+        block_table_ptr=table,
+        block_table_stride=table.stride(0),
+        slot_mapping_ptr=torch.zeros(max(max_num_tokens, scheduled) + padding(draw), dtype=draw(wide_dtypes)),
+        KV_CACHE_BLOCK_SIZE=kbs,
+        TOTAL_CP_WORLD_SIZE=world,
+        TOTAL_CP_RANK=rank,
+        CP_KV_CACHE_INTERLEAVE_SIZE=interleave,
+        PAD_ID=draw(st.sampled_from([-1, -7])),
+        BLOCK_SIZE=tile,
+    )
+    return Case(contracts.K10, args)
