@@ -35,6 +35,9 @@ class Backend:
     # A backend that replaces only some kernels of another: compositions take the rest from
     # ``base``; conformance checks only the kernels it implements itself.
     base: str | None = None
+    # Refuses out-of-contract launches with TypeError/ValueError before touching memory (§1.12);
+    # the malformed-input fuzz (conformance/fuzz.py) holds every such backend to it.
+    validates: bool = False
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -85,7 +88,7 @@ def _triton_device() -> str:
 
 def _triton_unavailable() -> str | None:
     try:
-        import triton  # noqa: F401
+        import triton_impl  # noqa: F401  (first: it decides TRITON_INTERPRET before triton loads)
     except ImportError as e:  # pragma: no cover - triton is a dependency
         return f"triton is not importable: {e}"
     return None
@@ -99,9 +102,9 @@ def _cpu_unavailable() -> str | None:
     return None
 
 
-register_backend(Backend(ORACLE, _from_family("reference"), lambda: "cpu", lambda: "oracle", gridless=True))
+register_backend(Backend(ORACLE, _from_family("reference"), lambda: "cpu", lambda: "oracle", gridless=True, validates=True))
 register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable))
-register_backend(Backend("cpu", _from_family("cpu_impl"), lambda: "cpu", lambda: "native", _cpu_unavailable))
+register_backend(Backend("cpu", _from_family("cpu_impl"), lambda: "cpu", lambda: "native", _cpu_unavailable, validates=True))
 
 
 def _triton_split(spec: KernelSpec) -> Any:

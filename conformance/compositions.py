@@ -16,6 +16,7 @@ import torch
 
 from conformance import kernels
 from conformance.backends import resolve_kernel
+from conformance.runner import _copy_args
 
 PLACEHOLDER_TOKEN_ID = -1
 GREEDY_TEMPERATURE = 0.0
@@ -37,12 +38,13 @@ def launch(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> Non
     spec = kernels.get(kernel)
     b, k = resolve_kernel(backend, spec)
     device = b.device()
-    moved = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+    # On another device: copies that keep aliasing and strides, and every output copied back.
+    moved = args if device == "cpu" else _copy_args(args, device)
     if b.gridless:
         k(**moved)
     else:
         k[grid](**moved)
-    if device != "cpu":
+    if moved is not args:
         for p in spec.outputs:
             if isinstance(args[p.name], torch.Tensor):
                 args[p.name].copy_(moved[p.name])
