@@ -171,40 +171,54 @@ def sample_recovered_tokens_kernel(
     if pos >= end_idx - start_idx:
         return
     token_idx = start_idx + pos
+    _, best_idx = _best_residual(
+        draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, req_idx, token_idx, vocab_size,
+        0, vocab_size, BLOCK_SIZE, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
+    )
+    tl.store(output_token_ids_ptr + token_idx, best_idx)
+
+
+@triton.jit
+def _best_residual(
+    draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, req_idx, token_idx, vocab_size,
+    lo, hi,  # the vocabulary range [lo, hi) to scan
+    BLOCK_SIZE: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr, USE_FP64_GUMBEL: tl.constexpr,
+):
+    """Largest residual score of one draft row in [lo, hi), and the lowest index reaching it
+    (0 when no score beats -inf)."""
     probs_row = token_idx * vocab_size
     noise_row = req_idx.to(tl.int64) * vocab_size
     if NO_DRAFT_PROBS:
         draft_token_id = tl.load(draft_token_ids_ptr + token_idx)
-
     if USE_FP64_GUMBEL:
         best = tl.full((), float("-inf"), tl.float64)
     else:
         best = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.zeros((), dtype=tl.int32)
-    for off in range(0, vocab_size, BLOCK_SIZE):
+    for off in range(lo, hi, BLOCK_SIZE):
         cols = off + tl.arange(0, BLOCK_SIZE)
-        in_vocab = cols < vocab_size
+        in_range = cols < hi
         if NO_DRAFT_PROBS:
             # Exactly the draft's lane is zeroed; an out-of-vocabulary id zeroes nothing (C16).
-            residual = tl.load(target_probs_ptr + probs_row + cols, mask=in_vocab & (cols != draft_token_id), other=0.0)
+            residual = tl.load(target_probs_ptr + probs_row + cols, mask=in_range & (cols != draft_token_id), other=0.0)
         else:
-            p = tl.load(target_probs_ptr + probs_row + cols, mask=in_vocab, other=0.0)
-            q = tl.load(draft_probs_ptr + probs_row + cols, mask=in_vocab, other=0.0)
+            p = tl.load(target_probs_ptr + probs_row + cols, mask=in_range, other=0.0)
+            q = tl.load(draft_probs_ptr + probs_row + cols, mask=in_range, other=0.0)
             diff = p - q
             residual = tl.where(diff > 0, diff, 0.0)  # max(p - q, 0) with NaN giving 0 on every platform
-        inv_q = tl.load(inv_q_ptr + noise_row + cols, mask=in_vocab, other=0.0)
+        inv_q = tl.load(inv_q_ptr + noise_row + cols, mask=in_range, other=0.0)
         if USE_FP64_GUMBEL:
             score = residual.to(tl.float64) * inv_q
         else:
             score = residual * inv_q
-        # NaN scores and lanes past V never win; mapping them to -inf also keeps the
+        # NaN scores and lanes past the range never win; mapping them to -inf also keeps the
         # interpreter's all-NaN tile max from raising.
-        score = tl.where(in_vocab & (score == score), score, float("-inf"))
+        score = tl.where(in_range & (score == score), score, float("-inf"))
         tile_max, tile_idx = tl.max(score, axis=0, return_indices=True)
         if tile_max > best:  # strictly larger: ties go to the earlier tile (C15)
             best = tile_max
             best_idx = off + tile_idx
-    tl.store(output_token_ids_ptr + token_idx, best_idx)
+    return best, best_idx
 
 
 # -- a faster layout for sample_recovered_tokens ----------------------------------------------------
@@ -238,37 +252,11 @@ def _recovered_split_kernel(
     if pos >= end_idx - start_idx:
         return
     token_idx = start_idx + pos
-    probs_row = token_idx * vocab_size
-    noise_row = req_idx.to(tl.int64) * vocab_size
-    if NO_DRAFT_PROBS:
-        draft_token_id = tl.load(draft_token_ids_ptr + token_idx)
-    if USE_FP64_GUMBEL:
-        best = tl.full((), float("-inf"), tl.float64)
-    else:
-        best = tl.full((), float("-inf"), tl.float32)
-    best_idx = tl.zeros((), dtype=tl.int32)
     lo = split * split_size
-    hi = tl.minimum(lo + split_size, vocab_size)
-    for off in range(lo, hi, BLOCK_SIZE):
-        cols = off + tl.arange(0, BLOCK_SIZE)
-        in_vocab = cols < hi
-        if NO_DRAFT_PROBS:
-            residual = tl.load(target_probs_ptr + probs_row + cols, mask=in_vocab & (cols != draft_token_id), other=0.0)
-        else:
-            p = tl.load(target_probs_ptr + probs_row + cols, mask=in_vocab, other=0.0)
-            q = tl.load(draft_probs_ptr + probs_row + cols, mask=in_vocab, other=0.0)
-            diff = p - q
-            residual = tl.where(diff > 0, diff, 0.0)
-        inv_q = tl.load(inv_q_ptr + noise_row + cols, mask=in_vocab, other=0.0)
-        if USE_FP64_GUMBEL:
-            score = residual.to(tl.float64) * inv_q
-        else:
-            score = residual * inv_q
-        score = tl.where(in_vocab & (score == score), score, float("-inf"))
-        tile_max, tile_idx = tl.max(score, axis=0, return_indices=True)
-        if tile_max > best:
-            best = tile_max
-            best_idx = off + tile_idx
+    best, best_idx = _best_residual(
+        draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, req_idx, token_idx, vocab_size,
+        lo, tl.minimum(lo + split_size, vocab_size), BLOCK_SIZE, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
+    )
     cell = token_idx * num_splits + split
     tl.store(partial_max_ptr + cell, best)
     tl.store(partial_idx_ptr + cell, best_idx)
