@@ -277,7 +277,16 @@ class KernelSpec:
     def check(self, a: Mapping[str, Any], device: str | None = "cpu") -> None:
         """The whole contract: types, then the kernel's value-level preconditions."""
         self.check_types(a, device)
+        self.check_scalars(a)
         self.preconditions(a)
+
+    def check_scalars(self, a: Mapping[str, Any]) -> None:
+        """Scalars and constexprs cross into a kernel as 64-bit integers (Triton's ABI and the C++
+        port's): a Python int outside int64 is a ``ValueError`` naming the parameter."""
+        for p in self.params:
+            v = a[p.name]
+            if p.kind is not Kind.PTR and isinstance(v, int) and not -(2**63) <= v < 2**63:
+                raise ValueError(f"{self.name}: '{p.name}' must fit in int64, got {v}")
 
 
 def _dims(ndim: tuple[int, ...]) -> str:

@@ -47,7 +47,12 @@ class CpuKernel:
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         bound = self.spec.bind(args, kwargs)
         self.spec.check_types(bound)
-        self._compute(bound)
+        try:
+            self._compute(bound)
+        except TypeError:
+            # pybind11 refuses an int outside int64 without naming it; name it (free when all is well).
+            self.spec.check_scalars(bound)
+            raise
 
     def __repr__(self) -> str:
         return f"<CpuKernel {self.spec.name}>"

@@ -10,6 +10,15 @@ from cpu_impl.launcher import CpuKernel, buf
 _cpp = _C.rejection
 
 
+def _vocab_columns(a: Args, kernel: str, *names: str) -> None:
+    """[rows, V] tensors have V = vocab_size columns: the C++ side sees element counts, not shapes."""
+    v = a["vocab_size"]
+    for name in names:
+        t = a[name]
+        if t is not None and t.shape[-1] != v:
+            raise ValueError(f"{kernel}: '{name}' must have shape [rows, vocab_size={v}], got {tuple(t.shape)}")
+
+
 def _greedy(a: Args) -> None:
     _cpp.rejection_greedy_sample(
         buf(a["output_token_ids_ptr"]),
@@ -26,6 +35,7 @@ def _greedy(a: Args) -> None:
 
 
 def _random(a: Args) -> None:
+    _vocab_columns(a, contracts.REJECTION_RANDOM.name, "target_probs_ptr", "draft_probs_ptr")
     _cpp.rejection_random_sample(
         buf(a["output_token_ids_ptr"]),
         buf(a["cu_num_draft_tokens_ptr"]),
@@ -56,6 +66,7 @@ def _expand(a: Args) -> None:
 
 
 def _recovered(a: Args) -> None:
+    _vocab_columns(a, contracts.SAMPLE_RECOVERED.name, "target_probs_ptr", "draft_probs_ptr", "inv_q_ptr")
     _cpp.sample_recovered_tokens(
         buf(a["output_token_ids_ptr"]),
         buf(a["cu_num_draft_tokens_ptr"]),

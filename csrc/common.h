@@ -39,6 +39,17 @@ inline void need_len(const char* kernel, const char* name, const Buffer& b, std:
     fail(kernel, name, "must hold at least " + std::to_string(n) + " elements, has " + std::to_string(b.numel));
 }
 
+// `rows` rows of `width` elements. The product is checked for overflow: a huge scalar (a
+// vocabulary size of 2**62) must not wrap to a small count that a short buffer passes.
+inline void need_len(const char* kernel, const char* name, const Buffer& b, std::int64_t rows, std::int64_t width) {
+  std::int64_t n = 0;
+  if (rows > 0 && width > 0 && __builtin_mul_overflow(rows, width, &n))
+    fail(kernel, name,
+         "must hold " + std::to_string(rows) + " rows of " + std::to_string(width) + " elements, more than any buffer, has " +
+             std::to_string(b.numel));
+  need_len(kernel, name, b, rows > 0 && width > 0 ? n : 0);
+}
+
 // Calls f(T{}) with T the C++ type of an integer buffer's dtype.
 template <class F>
 inline void with_int(const char* kernel, const char* name, int dtype, F&& f) {
