@@ -175,7 +175,7 @@ def describe(case: Case, outcomes: dict[str, Outcome], odd: list[str], agree: li
     spec = case.spec
     who = " and ".join(f"'{_mode(b)}'" for b in odd)
     lines = [f"{spec.name}: backend {who} differs from {' and '.join(repr(_mode(b)) for b in agree) or 'the others'}"]
-    for b in odd:
+    for b in odd + agree:  # an agreeing oracle that raised is news too (it wins ties)
         if outcomes[b].error:
             lines.append(f"  {b} failed: {outcomes[b].error.strip()}")
     good = outcomes[agree[0]] if agree else None

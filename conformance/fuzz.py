@@ -1,0 +1,633 @@
+"""Malformed launches: every backend that validates must refuse them cleanly (spec §1.12).
+
+A malformed case is a valid Hypothesis case of the kernel with one malformation applied, chosen
+by Hypothesis from what the kernel's contract says about its parameters (:data:`KINDS`): a
+dtype the parameter does not accept, a rank it does not have, ``None`` or a non-tensor where a
+tensor is required, a tensor on another device, a non-contiguous tensor, a short buffer, a
+cumulative count that decreases, a negative or huge scalar, a value outside its range (ids
+outside the vocabulary, offsets outside buffers), a flag that disagrees with its tensor, a
+scalar of the wrong type.
+
+The contract judges each one (:meth:`KernelSpec.check`). When it rejects the launch, every
+validating backend (``Backend.validates``: the oracle and the C++ port) must raise ``TypeError``
+or ``ValueError`` whose message names a parameter of the kernel, must not crash, and must leave
+every byte of every argument as it was — inputs, outputs, the gaps of strided tensors and guard
+regions allocated around each tensor (a write outside a buffer lands there). When the contract
+accepts it (a truncated buffer that had spare room), the case is valid and the backends must
+agree on it, as in conformance. Under AddressSanitizer the guards are dropped, so every tensor
+is its own allocation and ASan sees any out-of-bounds read or write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import resource
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance import kernels
+from conformance.backends import BACKENDS, ORACLE
+from conformance.contract import KernelSpec, Kind, Role
+from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run_case, save_case
+
+# Malformed launches per profile, over all kernels (each launched on every validating backend).
+BUDGET = {"dev": 1000, "ci": 5000, "nightly": 50000}
+GUARD = 16  # elements of guard before and after every tensor
+ALL_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+              torch.float32, torch.float64, torch.complex64)
+
+
+@dataclass
+class Malformed:
+    case: Case
+    kind: str
+    param: str
+    detail: str
+
+
+# -- the malformations --------------------------------------------------------------------------
+# Each takes (draw, spec, args) and changes ``args`` in place (new tensors, never the case's own),
+# returning (kind, parameter, detail), or None when it does not apply to this case.
+Apply = Callable[[st.DrawFn, KernelSpec, dict[str, Any]], "tuple[str, str, str] | None"]
+
+
+def _tensors(spec: KernelSpec, a: dict[str, Any], role: Role | None = None) -> list[str]:
+    return [p.name for p in spec.params if p.kind is Kind.PTR and isinstance(a[p.name], torch.Tensor)
+            and (role is None or p.role is role)]
+
+
+def _ints(spec: KernelSpec, a: dict[str, Any]) -> list[str]:
+    return [n for n in _tensors(spec, a, Role.IN) if not a[n].dtype.is_floating_point and a[n].dtype != torch.bool and a[n].numel()]
+
+
+def _scalars(spec: KernelSpec, a: dict[str, Any]) -> list[str]:
+    """Integer scalars and integer constexprs (not the boolean flags)."""
+    return [p.name for p in spec.params if p.kind is not Kind.PTR and not isinstance(a[p.name], bool)]
+
+
+def wrong_dtype(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = _tensors(spec, a)
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    dtype = draw(st.sampled_from([d for d in ALL_DTYPES if d not in spec.param(n).dtypes]))
+    a[n] = a[n].to(dtype)
+    return "wrong dtype", n, str(dtype)
+
+
+def wrong_rank(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = _tensors(spec, a)
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    t = a[n]
+    rank = draw(st.sampled_from([r for r in (0, 1, 2, 3) if r not in spec.param(n).ndim]))
+    if rank == 0:
+        a[n] = t.reshape(-1)[0].clone() if t.numel() else torch.zeros((), dtype=t.dtype)
+    else:
+        a[n] = t.reshape(*([1] * (rank - 1)), -1).clone() if rank > 1 else t.reshape(-1).clone()
+    return "wrong rank", n, f"{t.dim()}-d -> {rank}-d"
+
+
+def none_for_tensor(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = [p.name for p in spec.params if p.kind is Kind.PTR and not p.optional]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    a[n] = None
+    return "None for a required tensor", n, "None"
+
+
+def not_a_tensor(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = _tensors(spec, a)
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    how = draw(st.sampled_from(["list", "int", "numpy"]))
+    a[n] = a[n].tolist() if how == "list" else a[n].numpy() if how == "numpy" else 1
+    return "not a tensor", n, how
+
+
+def wrong_device(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = _tensors(spec, a)
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    a[n] = a[n].to("meta")
+    return "wrong device", n, "meta"
+
+
+def non_contiguous(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = [n for n in _tensors(spec, a) if a[n].numel() >= 2 and a[n].dim() >= 1 and a[n].shape[-1] >= 1]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    t = a[n]
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype)
+    view = wide[..., ::2]  # inner stride 2: neither contiguous nor unit-inner-stride
+    view.copy_(t)
+    a[n] = view
+    return "non-contiguous", n, f"strides {view.stride()}"
+
+
+def short_buffer(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = [n for n in _tensors(spec, a) if a[n].dim() >= 1 and a[n].shape[0] >= 1]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    t = a[n]
+    keep = draw(st.integers(0, t.shape[0] - 1))
+    a[n] = t[:keep].clone()
+    return "short buffer", n, f"{t.shape[0]} -> {keep} rows"
+
+
+def decreasing_counts(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = [n for n in _ints(spec, a) if a[n].dim() == 1 and a[n].numel() >= 1 and bool((a[n][1:] >= a[n][:-1]).all())]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    t = a[n].clone()
+    i = draw(st.integers(0, t.numel() - 1))
+    t[i] = (t[i - 1] if i else 0) - draw(st.integers(1, 3))  # below its predecessor (or below 0)
+    a[n] = t
+    return "decreasing cumulative counts", n, f"entry {i} -> {int(t[i])}"
+
+
+def negative_scalar(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = _scalars(spec, a)
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    a[n] = draw(st.sampled_from([-1, -2, -(2**31), -(2**63)]))
+    return "negative length", n, str(a[n])
+
+
+def huge_scalar(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = _scalars(spec, a)
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    a[n] = draw(st.sampled_from([2**31, 2**32 + 1, 2**62, 2**63 - 1, 2**63, 2**80]))
+    return "huge scalar", n, str(a[n])
+
+
+def _set_value(draw: st.DrawFn, a: dict[str, Any], n: str, choices: list[int]) -> tuple[int, int] | None:
+    t = a[n].clone()
+    if not t.is_contiguous():
+        return None
+    flat = t.view(-1)
+    limit = torch.iinfo(t.dtype).max
+    choices = [v for v in choices if -limit <= v <= limit]
+    i = draw(st.integers(0, flat.numel() - 1))
+    value = draw(st.sampled_from(choices))
+    flat[i] = value
+    a[n] = t
+    return i, value
+
+
+def out_of_range(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """An integer input element far outside anything it may hold: offsets past buffers, -2, 2**31 - 1."""
+    names = _ints(spec, a)
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    total = sum(x.numel() for x in a.values() if isinstance(x, torch.Tensor))
+    done = _set_value(draw, a, n, [2 * total + 7, total, 2**31 - 1, 2**62, -2, -(2**31)])
+    return None if done is None else ("value out of range", n, f"[{done[0]}] = {done[1]}")
+
+
+def ids_outside_vocab(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """A token id >= vocab_size in a ``*token_ids*`` input of a kernel with a ``vocab_size``."""
+    vocab = a.get("vocab_size")
+    names = [n for n in _ints(spec, a) if "token_ids" in n]
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not names:
+        return None
+    n = draw(st.sampled_from(names))
+    done = _set_value(draw, a, n, [vocab, vocab + 1, 2 * vocab + 3, 2**31 - 1])
+    return None if done is None else ("ids outside the vocabulary", n, f"[{done[0]}] = {done[1]} (vocab_size {vocab})")
+
+
+def flag_mismatch(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    if not spec.flags:
+        return None
+    f = draw(st.sampled_from(spec.flags))
+    a[f.constexpr] = not bool(a[f.constexpr])
+    return "flag disagrees with its tensor", f.constexpr, f"{f.constexpr}={a[f.constexpr]}"
+
+
+def wrong_scalar_type(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = [p.name for p in spec.params if p.kind is not Kind.PTR]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    how = draw(st.sampled_from(["float", "tensor", "str", "None"]))
+    v = a[n]
+    a[n] = {"float": float(v) + 0.5, "tensor": torch.tensor(int(v)), "str": str(v), "None": None}[how]
+    return "wrong scalar type", n, how
+
+
+KINDS: dict[str, Apply] = {
+    "wrong dtype": wrong_dtype,
+    "wrong rank": wrong_rank,
+    "None for a required tensor": none_for_tensor,
+    "not a tensor": not_a_tensor,
+    "wrong device": wrong_device,
+    "non-contiguous": non_contiguous,
+    "short buffer": short_buffer,
+    "decreasing cumulative counts": decreasing_counts,
+    "negative length": negative_scalar,
+    "huge scalar": huge_scalar,
+    "value out of range": out_of_range,
+    "ids outside the vocabulary": ids_outside_vocab,
+    "flag disagrees with its tensor": flag_mismatch,
+    "wrong scalar type": wrong_scalar_type,
+}
+# Kinds that cannot apply to a kernel, judged from its contract alone.
+APPLIES: dict[str, Callable[[KernelSpec], bool]] = {
+    "flag disagrees with its tensor": lambda spec: bool(spec.flags),
+    "ids outside the vocabulary": lambda spec: "vocab_size" in spec.arg_names and any("token_ids" in n for n in spec.arg_names),
+    "negative length": lambda spec: any(p.kind is not Kind.PTR for p in spec.params),
+    "huge scalar": lambda spec: any(p.kind is not Kind.PTR for p in spec.params),
+    "wrong scalar type": lambda spec: any(p.kind is not Kind.PTR for p in spec.params),
+}
+
+# Known gaps, as data: (kernel, kind, parameter) -> the finding. The fuzz does not generate these
+# malformations (a generated one is redrawn) and every run prints them, until the owner fixes the
+# backend and deletes the entry.
+_PAD = "PAD_ID outside the output's dtype: the oracle raises (torch cannot store it), the C++ port wraps it; the contract should require it to fit, as K3 does for replace_to"
+QUARANTINE: dict[tuple[str, str, str], str] = {
+    ("eagle_step_slot_mapping_metadata_kernel", "huge scalar", "PAD_ID"): _PAD,
+    ("eagle_step_slot_mapping_metadata_kernel", "negative length", "PAD_ID"): _PAD,
+    ("compute_slot_mapping_kernel", "huge scalar", "PAD_ID"): _PAD,
+    ("compute_slot_mapping_kernel", "negative length", "PAD_ID"): _PAD,
+    ("compute_slot_mapping_kernel", "huge scalar", "KV_CACHE_BLOCK_SIZE"):
+        "KBS * W overflows: the contract's check raises OverflowError, the C++ port multiplies past int64",
+    ("compute_slot_mapping_kernel", "huge scalar", "CP_KV_CACHE_INTERLEAVE_SIZE"):
+        "W * I overflows: the contract's check raises OverflowError, the oracle and the C++ port disagree",
+    ("compute_slot_mapping_kernel", "negative length", "block_table_stride"):
+        "a stride of -2**63 with no local token: the oracle raises OverflowError on a launch the contract accepts",
+    ("eagle_prepare_next_token_padded_kernel", "huge scalar", "num_reqs"):
+        "the contract's require_rows allocates torch.arange(num_reqs) before comparing num_reqs with the tensor: 2**62 rows exhaust memory",
+}
+
+# Kinds every CI run must have produced at least once, over all kernels (issue 5's list).
+REQUIRED_KINDS = ("wrong dtype", "wrong rank", "short buffer", "decreasing cumulative counts", "negative length",
+                  "None for a required tensor", "ids outside the vocabulary")
+
+
+@st.composite
+def malformed_cases(draw: st.DrawFn, kernel: str, kind: str) -> Malformed:
+    """A valid case of ``kernel`` with one malformation of ``kind`` (see :data:`KINDS`); a case the
+    kind does not apply to, or a quarantined (kernel, kind, parameter), is rejected (``assume``)."""
+    from hypothesis import assume
+
+    from conformance.strategies import cases
+
+    case = draw(cases(kernel))
+    args = _copy_args(case.args, "cpu")  # fresh tensors: the malformation never touches the case's own
+    applied = KINDS[kind](draw, case.spec, args)
+    assume(applied is not None and (kernel, applied[0], applied[1]) not in QUARANTINE)
+    kind, param, detail = applied
+    return Malformed(Case(kernel, args, None, case.positional, f"{kind}: {param} {detail}"), kind, param, detail)
+
+
+# -- guarded launches ---------------------------------------------------------------------------
+def asan_active() -> bool:
+    try:
+        ctypes.CDLL(None)["__asan_init"]
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+@dataclass
+class Guarded:
+    """Every tensor argument as a view into a larger buffer of random bytes; ``snapshot`` is
+    the whole buffer before the launch."""
+
+    args: dict[str, Any]
+    buffers: list[tuple[str, torch.Tensor, torch.Tensor, int, int]] = field(default_factory=list)  # name, base, snapshot, lo, hi
+
+
+def _fill(base: torch.Tensor, g: torch.Generator) -> None:
+    if base.dtype == torch.bool:
+        base.copy_(torch.randint(0, 2, base.shape, generator=g).bool())
+    else:
+        raw = base.view(torch.uint8) if base.dtype.itemsize > 0 else base
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
+
+
+def guarded(args: dict[str, Any], guard: int, seed: int = 0) -> Guarded:
+    g = torch.Generator().manual_seed(seed)
+    made: dict[int, torch.Tensor] = {}
+    out = Guarded({})
+    for name, v in args.items():
+        if not isinstance(v, torch.Tensor) or v.device.type != "cpu":
+            out.args[name] = v
+            continue
+        if id(v) in made:  # aliased parameters stay aliased
+            out.args[name] = made[id(v)]
+            continue
+        span = 1 + sum((n - 1) * s for n, s in zip(v.shape, v.stride())) if v.numel() else 0
+        base = torch.empty(guard + span + guard, dtype=v.dtype)
+        _fill(base, g)
+        view = base.as_strided(v.shape, v.stride(), guard)
+        view.copy_(v)
+        made[id(v)] = view
+        out.args[name] = view
+        out.buffers.append((name, base, base.clone(), guard, guard + span))
+    return out
+
+
+def _changed(base: torch.Tensor, snapshot: torch.Tensor) -> torch.Tensor:
+    if base.dtype.is_floating_point or base.dtype.is_complex:
+        return (base.view(torch.uint8) != snapshot.view(torch.uint8)).nonzero()
+    return (base != snapshot).nonzero()
+
+
+def untouched(gd: Guarded) -> str | None:
+    """None when every byte of every buffer is as before; else what changed, where."""
+    for name, base, snapshot, lo, hi in gd.buffers:
+        changed = _changed(base, snapshot)
+        if changed.numel():
+            i = int(changed[0]) // (base.dtype.itemsize if base.dtype.is_floating_point or base.dtype.is_complex else 1)
+            where = "the guard before it" if i < lo else "the guard after it" if i >= hi else "its own elements (or the gaps between its rows)"
+            return f"'{name}' changed at element {i - lo} of the buffer ({where})"
+    return None
+
+
+def guards_intact(gd: Guarded) -> str | None:
+    for name, base, snapshot, lo, hi in gd.buffers:
+        for part, (a, b) in (("before", (0, lo)), ("after", (hi, base.numel()))):
+            if b > a and _changed(base[a:b], snapshot[a:b]).numel():
+                return f"wrote the guard {part} '{name}' (an out-of-bounds write)"
+    return None
+
+
+# -- the check of one malformed case --------------------------------------------------------------
+class BadInputFailure(AssertionError):
+    pass
+
+
+def validating_backends(spec: KernelSpec) -> list[str]:
+    return [b for b, be in BACKENDS.items() if be.validates and be.unavailable() is None and be.resolve(spec) is not None
+            and be.device() == "cpu"]
+
+
+_NAMED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+
+
+def verdict(spec: KernelSpec, args: dict[str, Any]) -> BaseException | None:
+    """The contract's judgement: None when the launch is in contract, else the exception."""
+    try:
+        spec.check(args)
+    except (TypeError, ValueError) as e:
+        return e
+    except Exception as e:  # the contract's own check failed on malformed input: a harness bug
+        raise BadInputFailure(f"{spec.name}: the contract's check raised {type(e).__name__} instead of TypeError/ValueError: {e}") from e
+    return None
+
+
+def launch(backend: str, spec: KernelSpec, case: Case, args: dict[str, Any]) -> None:
+    b = BACKENDS[backend]
+    kernel = b.resolve(spec)
+    if case.positional:
+        values = [args[n] for n in spec.arg_names]
+        kernel(*values) if b.gridless else kernel[(1,)](*values)
+    else:
+        kernel(**args) if b.gridless else kernel[(1,)](**args)
+
+
+def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Path | None = None) -> bool:
+    """Checks one malformed case; returns True when the contract rejected it (a malformed launch),
+    False when it turned out valid (then the backends must agree). Raises BadInputFailure."""
+    spec = m.case.spec
+    rejected = verdict(spec, m.case.args)
+    if rejected is None:
+        try:
+            run_case(m.case, [ORACLE, *[b for b in backends if b != ORACLE]])
+        except Disagreement as d:
+            raise BadInputFailure(f"{spec.name}: after '{m.case.note}' (still in contract) backends disagree:\n{d}") from None
+        gd = guarded(m.case.args, guard)
+        for b in backends:
+            if b == ORACLE:
+                continue
+            launch(b, spec, m.case, gd.args)
+            bad = guards_intact(gd)
+            if bad:
+                raise BadInputFailure(f"{spec.name} on {b}: {bad}, on a valid case after '{m.case.note}'")
+        return False
+    for b in backends:
+        gd = guarded(m.case.args, guard, seed=len(b))
+        if inflight is not None and b != ORACLE:
+            save_case(m.case, inflight)  # a crash leaves the case that caused it behind
+        try:
+            launch(b, spec, m.case, gd.args)
+        except (TypeError, ValueError) as e:
+            named = set(_NAMED.findall(str(e))) & set(spec.arg_names)
+            if not named:
+                raise BadInputFailure(f"{spec.name} on {b}: {type(e).__name__} does not name a parameter: {e}\n  malformation: {m.case.note}"
+                                      f"\n  the contract says: {rejected}") from None
+        except Exception as e:
+            raise BadInputFailure(f"{spec.name} on {b}: raised {type(e).__name__} (not TypeError/ValueError): {e}\n  malformation: {m.case.note}"
+                                  f"\n  the contract says: {rejected}") from None
+        else:
+            raise BadInputFailure(f"{spec.name} on {b}: accepted a malformed launch ({m.case.note}); the contract says: {rejected}")
+        bad = untouched(gd)
+        if bad:
+            raise BadInputFailure(f"{spec.name} on {b}: rejected '{m.case.note}' but {bad}: a backend must refuse before touching memory")
+    return True
+
+
+MEMORY_LIMIT = 8 << 30  # bytes of address space while fuzzing (not under ASan, which maps terabytes of shadow)
+EXAMPLE_SECONDS = 20  # one malformed example's wall-clock budget (Python-level hangs)
+
+
+class Hung(AssertionError):
+    pass
+
+
+@contextlib.contextmanager
+def bounded() -> Iterator[None]:
+    """Malformed scalars can make a careless check allocate or loop for ever (``torch.arange(2**62)``):
+    cap the address space so that becomes a MemoryError/RuntimeError here, not the OOM killer
+    taking this machine's other processes, and arm an alarm per example (see :func:`_alarm`)."""
+    limited = not asan_active() and hasattr(resource, "RLIMIT_AS")
+    if limited:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        if limited:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hung(f"one malformed launch ran for more than {EXAMPLE_SECONDS} s")
+
+
+def check_kernel(kernel: str, quota: int, guard: int | None = None, save_dir: Path | None = None) -> dict[str, Any]:
+    """About ``quota`` malformed launches of ``kernel`` through every validating backend, shared
+    evenly among the kinds of malformation (each kind its own Hypothesis run)."""
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis.errors import Unsatisfiable
+
+    spec = kernels.get(kernel)
+    backends = validating_backends(spec)
+    guard = (0 if asan_active() else GUARD) if guard is None else guard
+    tally: Counter[str] = Counter()
+    inflight = (save_dir or FAILURES_DIR) / f"{kernel}.fuzz-inflight.pt"
+    failures: list[str] = []
+    started = time.perf_counter()
+    kinds_here = [k for k in KINDS if APPLIES.get(k, lambda s: True)(spec)]
+    for done, kind in enumerate(kinds_here):
+        # Even shares; a kind that comes up short (cases it leaves in contract) leaves its share to the rest.
+        per_kind = math.ceil(max(0, quota - tally["malformed"]) / (len(kinds_here) - done))
+        if per_kind == 0:
+            break
+
+        @settings(max_examples=per_kind, suppress_health_check=list(HealthCheck))
+        @given(m=malformed_cases(kernel, kind))
+        def prop(m: Malformed) -> None:
+            signal.alarm(EXAMPLE_SECONDS)
+            try:
+                rejected = check_malformed(m, backends, guard, inflight)
+            except (BadInputFailure, Hung):
+                save_case(m.case, (save_dir or FAILURES_DIR) / f"{kernel}.fuzz.pt")
+                raise
+            finally:
+                signal.alarm(0)
+            tally["malformed" if rejected else "in contract"] += 1
+            if rejected:
+                tally[f"kind: {m.kind}"] += 1
+            assume(rejected)  # only malformed launches count toward the quota
+
+        try:
+            with bounded():
+                prop()
+        except Unsatisfiable:
+            pass  # this kind never makes this kernel's cases malformed (no flags, no token ids...)
+        except Exception as e:  # BadInputFailure, Hung, or several of them
+            failures.append(_message(e))
+    if inflight.exists():
+        inflight.unlink()
+    kinds = {k.removeprefix("kind: "): n for k, n in sorted(tally.items()) if k.startswith("kind: ")}
+    return {
+        "status": "fail" if failures else "pass",
+        "backends": backends,
+        "malformed": tally["malformed"],
+        "launches": tally["malformed"] * len(backends),
+        "in_contract": tally["in contract"],
+        "kinds": kinds,
+        "guard": guard,
+        "seconds": round(time.perf_counter() - started, 2),
+        "message": "\n".join(failures) if failures else None,
+    }
+
+
+def _message(e: BaseException) -> str:
+    group = getattr(e, "exceptions", None)  # Hypothesis reports several distinct failures as a group
+    if isinstance(group, tuple):
+        return "\n".join(_message(x) for x in group)
+    return f"{type(e).__name__}: {e}"
+
+
+def quota_per_kernel(profile: str, n_kernels: int) -> int:
+    return math.ceil(BUDGET.get(profile, BUDGET["dev"]) / max(1, n_kernels))
+
+
+def replay(path: str) -> int:
+    from conformance.runner import load_case
+
+    case = load_case(path)
+    spec = case.spec
+    m = Malformed(case, "replay", "", case.note)
+    try:
+        rejected = check_malformed(m, validating_backends(spec), 0 if asan_active() else GUARD)
+    except BadInputFailure as e:
+        print(e)
+        return 1
+    print(f"{case.kernel}: '{case.note}' {'refused cleanly by every validating backend' if rejected else 'is in contract; backends agree'}")
+    return 0
+
+
+# -- command line ----------------------------------------------------------------------------------
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("fuzz", help="malformed launches through every validating backend: clean TypeError/ValueError, no writes")
+    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=("dev", "ci", "nightly"))
+    p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    p.add_argument("--launches", type=int, help="malformed launches in all (default: dev 1,000, ci 5,000, nightly 50,000)")
+    p.add_argument("--report", default="reports/fuzz.json")
+    p.add_argument("--junit", help="write a JUnit XML report here")
+    p.add_argument("--replay", help="re-check one saved malformed case")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(ns: argparse.Namespace) -> int:
+    if ns.replay:
+        return replay(ns.replay)
+    from hypothesis import settings
+
+    settings.load_profile(ns.profile)
+    names = ns.kernel or list(kernels.SPECS)
+    total = ns.launches or BUDGET[ns.profile]
+    quota = math.ceil(total / len(names))
+    print(f"specdiff fuzz: profile {ns.profile}, {quota} malformed cases per kernel ({quota * len(names)} in all), "
+          f"guards {'off (AddressSanitizer watches every allocation)' if asan_active() else f'of {GUARD} elements'}", flush=True)
+    for (kernel, kind, param), why in QUARANTINE.items():
+        if kernel in names:
+            print(f"  QUARANTINED {kernel}: {kind} of '{param}' is not generated: {why}", flush=True)
+    results = {}
+    for name in names:
+        e = check_kernel(name, quota)
+        results[name] = e
+        print(f"  {name}: {e['status']} {e['malformed']} malformed x {len(e['backends'])} backends ({', '.join(e['backends'])}), "
+              f"{e['in_contract']} still in contract, {e['seconds']} s", flush=True)
+        if e["message"]:
+            print("\n" + e["message"] + "\n", flush=True)
+    kinds: Counter[str] = Counter()
+    for e in results.values():
+        kinds.update(e["kinds"])
+    malformed = sum(e["malformed"] for e in results.values())
+    launches = sum(e["launches"] for e in results.values())
+    print(f"\nmalformed cases {malformed}, launches {launches}; by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    missing = [k for k in REQUIRED_KINDS if not kinds[k]] if not ns.kernel else []
+    path = Path(ns.report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": 1, "profile": ns.profile, "malformed": malformed, "launches": launches, "kinds": dict(kinds),
+                                "missing_kinds": missing, "kernels": results,
+                                "quarantine": [{"kernel": k, "kind": kd, "param": p, "why": w} for (k, kd, p), w in QUARANTINE.items()]},
+                               indent=2) + "\n")
+    if ns.junit:
+        from conformance import junit
+
+        junit.write(ns.junit, "fuzz", [junit.TestCase("fuzz", k, e["seconds"], failure=e["message"]) for k, e in results.items()]
+                    + [junit.TestCase("fuzz", "kinds", failure=f"never produced: {', '.join(missing)}" if missing else None)])
+    bad = [k for k, e in results.items() if e["status"] != "pass"]
+    if missing:
+        bad.append(f"kinds never produced: {', '.join(missing)}")
+    if not ns.kernel and not ns.launches and malformed < BUDGET[ns.profile]:
+        bad.append(f"only {malformed} malformed cases, the {ns.profile} profile wants {BUDGET[ns.profile]}")
+    if bad:
+        print(f"FAILED: {'; '.join(bad)}")
+        return 1
+    return 0
