@@ -239,12 +239,13 @@ void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std:
   });
 }
 
-// K4, the exponential race (spec §2.4). The work item is (request, vocabulary chunk): the
-// request's inv_q chunk is read from memory once and stays in cache while every draft position of
-// the request scans its own target (and draft) chunk against it, so the launch streams each input
-// byte from DRAM once. Each (draft token, chunk) leaves its best (value, index); the per-token
-// merge visits chunks in vocabulary order. Max and lowest index are exact operations, so the result depends on
-// neither the chunk size nor the thread count (and the chunk size may adapt to both).
+// K4, the exponential race (spec §2.4). The work item is (request, vocabulary chunk): every
+// draft position of the request scans its own target (and draft) chunk against the request's
+// inv_q chunk, up to four positions side by side, so each inv_q vector is loaded once for all of
+// them and the launch streams each input byte from DRAM once. Each (draft token, chunk) leaves its
+// best (value, index); the per-token merge visits chunks in vocabulary order. Max and lowest index
+// are exact operations, so the result depends on neither the chunk size nor the thread count (and
+// the chunk size may adapt to both).
 
 struct Best {
   double value;
@@ -252,14 +253,16 @@ struct Best {
 };
 
 constexpr std::int64_t kPrefetch = 1024;  // elements ahead: 4 KiB of float32
+constexpr int kRows = 4;                  // draft positions scanned side by side
 
-// Scores are formed exactly as the oracle forms them: one float32 subtraction, then a float32
-// (or, with the fp64 option, float64) product. A NaN score fails every `>` and never wins (C15).
+// Scores are formed exactly as the oracle forms them: one float32 subtraction (or the target with
+// the draft's lane zeroed), then a float32 (or, with the fp64 option, float64) product. A NaN
+// score fails every `>` and never wins (C15).
 template <class S, bool NoDraft>
-inline S score(const float* p, const float* q, const S* inv_q, std::int64_t j) {
+inline S score(const float* p, const float* q, const S* inv_q, std::int64_t j, std::int64_t excluded) {
   float w;
   if constexpr (NoDraft) {
-    w = p[j];
+    w = j == excluded ? 0.0f : p[j];
   } else {
     const float diff = p[j] - q[j];
     w = diff > 0.0f ? diff : 0.0f;  // max(p - q, 0) with NaN giving 0 (C16)
@@ -267,88 +270,76 @@ inline S score(const float* p, const float* q, const S* inv_q, std::int64_t j) {
   return static_cast<S>(w) * inv_q[j];
 }
 
-// Lowest index of the largest non-NaN score in [0, len) of one row slice; {-inf, 0} when every
-// score is NaN or -inf. One 64-byte vector of lanes (GCC vector extensions: exact IEEE operations,
-// lowered to whatever ISA the clone targets); each lane keeps its first maximum (strict >), then
-// the lanes are merged by value and lowest index, then the scalar tail (higher indices) by strict >.
-template <class S, bool NoDraft>
-[[gnu::always_inline]] inline Best scan_slice(const float* p, const float* q, const S* inv_q, std::int64_t len) {
+// For K draft rows of one request, the lowest index of the largest non-NaN score in [0, len) of
+// the slices p[k], q[k] against inv_q; {-inf, 0} when every score of a row is NaN or -inf.
+// excluded[k] is the slice index of row k's zeroed lane (NoDraft), or -1. One 64-byte vector of
+// lanes (GCC vector extensions: exact IEEE operations, lowered to whatever ISA the clone targets);
+// each lane keeps its first maximum (strict >), then the lanes are merged by value and lowest
+// index, then the scalar tail (higher indices) by strict >.
+template <class S, bool NoDraft, int K>
+[[gnu::always_inline]] inline void scan_block(const float* const* p, const float* const* q, const S* inv_q,
+                                              std::int64_t len, const std::int64_t* excluded, Best* out) {
   constexpr int L = 64 / sizeof(S);  // 16 float32 or 8 float64 lanes
   typedef S VS __attribute__((vector_size(64), aligned(sizeof(S)), may_alias));
   typedef float VF __attribute__((vector_size(L * 4), aligned(4), may_alias));
   const S inf = std::numeric_limits<S>::infinity();
-  VS mv, mi;  // per lane: best score, and the group it was seen in
-  for (int l = 0; l < L; ++l) {
-    mv[l] = -inf;
-    mi[l] = 0;
+  VS mv[K], mi[K];  // per row and lane: best score, and the group it was seen in
+  VS gi = {};
+  for (int k = 0; k < K; ++k) {
+    mi[k] = gi;
+    mv[k] = gi - inf;
+  }
+  const VS one = gi + 1;
+  const VF zero = {};
+  std::int64_t hole_group[K], hole_lane[K];  // the group and lane of each row's zeroed entry
+  for (int k = 0; k < K; ++k) {
+    const bool inside = NoDraft && excluded[k] >= 0 && excluded[k] < len;
+    hole_group[k] = inside ? excluded[k] / L : -1;
+    hole_lane[k] = inside ? excluded[k] % L : 0;
   }
   const std::int64_t groups = len / L;
-  VS gi = mi;
-  const VS one = mi + 1;
-  const VF zero = {};
   for (std::int64_t g = 0; g < groups; ++g, gi += one) {
     // Software prefetch a few KiB ahead: the hardware streamers stop at every 4 KiB page and
-    // ramp up again, which costs a third of the bandwidth on short strided streams. (A prefetch
-    // past the end of a buffer never faults.)
-    __builtin_prefetch(p + g * L + kPrefetch, 0, 0);
-    if constexpr (!NoDraft) __builtin_prefetch(q + g * L + kPrefetch, 0, 0);
+    // ramp up again, which costs a third of the bandwidth on strided streams. (A prefetch past
+    // the end of a buffer never faults.)
     __builtin_prefetch(inv_q + g * L + kPrefetch, 0, 0);
-    VF w = *reinterpret_cast<const VF*>(p + g * L);
-    if constexpr (!NoDraft) {
-      const VF diff = w - *reinterpret_cast<const VF*>(q + g * L);
-      w = diff > zero ? diff : zero;  // max(p - q, 0) with NaN giving 0 (C16)
-    }
-    VS s;
-    if constexpr (sizeof(S) == 4)
-      s = w;
-    else
-      s = __builtin_convertvector(w, VS);  // widened exactly; the product is float64 (C17)
-    s *= *reinterpret_cast<const VS*>(inv_q + g * L);
-    const auto gt = s > mv;
-    mv = gt ? s : mv;
-    mi = gt ? gi : mi;
-  }
-  S top = -inf;
-  for (int l = 0; l < L; ++l) top = mv[l] > top ? mv[l] : top;
-  std::int64_t at = len;  // lowest index holding top (-0.0 == 0.0 is a tie); 0 when all are -inf
-  for (int l = 0; l < L; ++l)
-    if (mv[l] == top) at = std::min(at, static_cast<std::int64_t>(mi[l]) * L + l);
-  Best best{static_cast<double>(top), at};
-  for (std::int64_t j = groups * L; j < len; ++j) {
-    const S s = score<S, NoDraft>(p, q, inv_q, j);
-    if (s > top) {
-      top = s;
-      best = {static_cast<double>(s), j};
+    const VS iq = *reinterpret_cast<const VS*>(inv_q + g * L);
+    for (int k = 0; k < K; ++k) {
+      __builtin_prefetch(p[k] + g * L + kPrefetch, 0, 0);
+      VF w = *reinterpret_cast<const VF*>(p[k] + g * L);
+      if constexpr (NoDraft) {
+        if (g == hole_group[k]) w[hole_lane[k]] = 0.0f;  // exactly the draft's lane (C16)
+      } else {
+        __builtin_prefetch(q[k] + g * L + kPrefetch, 0, 0);
+        const VF diff = w - *reinterpret_cast<const VF*>(q[k] + g * L);
+        w = diff > zero ? diff : zero;  // max(p - q, 0) with NaN giving 0 (C16)
+      }
+      VS s;
+      if constexpr (sizeof(S) == 4)
+        s = w;
+      else
+        s = __builtin_convertvector(w, VS);  // widened exactly; the product is float64 (C17)
+      s *= iq;
+      const auto gt = s > mv[k];
+      mv[k] = gt ? s : mv[k];
+      mi[k] = gt ? gi : mi[k];
     }
   }
-  return best;
-}
-
-// Ties go to the lower index; a NaN never arrives here (scan_slice ignores NaN scores).
-inline void merge(Best& acc, const Best& x) {
-  if (x.value > acc.value || (x.value == acc.value && x.index < acc.index)) acc = x;
-}
-
-// One draft row's chunk [lo, hi). Without draft probabilities exactly the draft's lane is zeroed
-// (its score is 0 * inv_q, which may be NaN or -0.0): the slice is scanned around it.
-template <class S, bool NoDraft>
-[[gnu::always_inline]] inline Best scan_chunk(const float* p, const float* q, const S* inv_q, std::int64_t lo,
-                                              std::int64_t hi, std::int64_t draft_id) {
-  if (!NoDraft || draft_id < lo || draft_id >= hi) {
-    Best b = scan_slice<S, NoDraft>(p + lo, NoDraft ? nullptr : q + lo, inv_q + lo, hi - lo);
-    b.index += lo;
-    return b;
+  for (int k = 0; k < K; ++k) {
+    S top = -inf;
+    for (int l = 0; l < L; ++l) top = mv[k][l] > top ? mv[k][l] : top;
+    std::int64_t at = len;  // lowest index holding top (-0.0 == 0.0 is a tie); 0 when all are -inf
+    for (int l = 0; l < L; ++l)
+      if (mv[k][l] == top) at = std::min(at, static_cast<std::int64_t>(mi[k][l]) * L + l);
+    for (std::int64_t j = groups * L; j < len; ++j) {
+      const S sc = score<S, NoDraft>(p[k], NoDraft ? nullptr : q[k], inv_q, j, NoDraft ? excluded[k] : -1);
+      if (sc > top) {
+        top = sc;
+        at = j;
+      }
+    }
+    out[k] = {static_cast<double>(top), at};
   }
-  Best acc = scan_slice<S, NoDraft>(p + lo, nullptr, inv_q + lo, draft_id - lo);
-  acc.index += lo;
-  const S excluded = static_cast<S>(0.0f) * inv_q[draft_id];
-  if (excluded == excluded) merge(acc, Best{static_cast<double>(excluded), draft_id});
-  if (draft_id + 1 < hi) {
-    Best rest = scan_slice<S, NoDraft>(p + draft_id + 1, nullptr, inv_q + draft_id + 1, hi - draft_id - 1);
-    rest.index += draft_id + 1;
-    merge(acc, rest);
-  }
-  return acc;
 }
 
 // One entry point per (inv_q width, draft-probs) pair, compiled for AVX-512, AVX2 and baseline
@@ -359,29 +350,54 @@ template <class S, bool NoDraft>
 #define SPECDIFF_CLONES
 #endif
 
-// Scans draft tokens [tok, tok + n) of one request on chunk [lo, hi), writing best[tok_i * chunks + k].
-#define SPECDIFF_SCAN_ROWS(NAME, S, NODRAFT)                                                                    \
-  SPECDIFF_CLONES void NAME(const float* p, const float* q, const S* inv_q, const std::int64_t* draft,          \
-                            std::int64_t tok, std::int64_t n, std::int64_t vocab, std::int64_t lo,              \
-                            std::int64_t hi, Best* best, std::int64_t chunks, std::int64_t k) {                 \
-    for (std::int64_t i = tok; i < tok + n; ++i)                                                               \
-      best[i * chunks + k] = scan_chunk<S, NODRAFT>(p + i * vocab, NODRAFT ? nullptr : q + i * vocab, inv_q, lo, \
-                                                    hi, NODRAFT ? draft[i - tok] : -1);                        \
+// Scans the draft tokens [tok, tok + n) of one request on chunk [lo, hi), kRows at a time, writing
+// best[token * chunks + k].
+template <class S, bool NoDraft>
+[[gnu::always_inline]] inline void scan_request(const float* p, const float* q, const S* inv_q, const std::int64_t* draft,
+                                                std::int64_t tok, std::int64_t n, std::int64_t vocab, std::int64_t lo,
+                                                std::int64_t hi, Best* best, std::int64_t chunks, std::int64_t k) {
+  const float* pr[kRows];
+  const float* qr[kRows];
+  std::int64_t excl[kRows];
+  Best found[kRows];
+  for (std::int64_t i = 0; i < n; i += kRows) {
+    const int rows = static_cast<int>(std::min<std::int64_t>(kRows, n - i));
+    for (int r = 0; r < rows; ++r) {
+      const std::int64_t t = tok + i + r;
+      pr[r] = p + t * vocab + lo;
+      qr[r] = NoDraft ? nullptr : q + t * vocab + lo;
+      excl[r] = NoDraft ? draft[i + r] - lo : -1;  // a draft id outside [lo, hi) zeroes nothing
+    }
+    switch (rows) {
+      case 4: scan_block<S, NoDraft, 4>(pr, qr, inv_q + lo, hi - lo, excl, found); break;
+      case 3: scan_block<S, NoDraft, 3>(pr, qr, inv_q + lo, hi - lo, excl, found); break;
+      case 2: scan_block<S, NoDraft, 2>(pr, qr, inv_q + lo, hi - lo, excl, found); break;
+      default: scan_block<S, NoDraft, 1>(pr, qr, inv_q + lo, hi - lo, excl, found); break;
+    }
+    for (int r = 0; r < rows; ++r) best[(tok + i + r) * chunks + k] = {found[r].value, found[r].index + lo};
   }
-SPECDIFF_SCAN_ROWS(scan_rows_f32_draft, float, false)
-SPECDIFF_SCAN_ROWS(scan_rows_f32_nodraft, float, true)
-SPECDIFF_SCAN_ROWS(scan_rows_f64_draft, double, false)
-SPECDIFF_SCAN_ROWS(scan_rows_f64_nodraft, double, true)
-#undef SPECDIFF_SCAN_ROWS
+}
+
+#define SPECDIFF_SCAN_REQUEST(NAME, S, NODRAFT)                                                                   \
+  SPECDIFF_CLONES void NAME(const float* p, const float* q, const S* inv_q, const std::int64_t* draft,            \
+                            std::int64_t tok, std::int64_t n, std::int64_t vocab, std::int64_t lo, std::int64_t hi, \
+                            Best* best, std::int64_t chunks, std::int64_t k) {                                    \
+    scan_request<S, NODRAFT>(p, q, inv_q, draft, tok, n, vocab, lo, hi, best, chunks, k);                         \
+  }
+SPECDIFF_SCAN_REQUEST(scan_request_f32_draft, float, false)
+SPECDIFF_SCAN_REQUEST(scan_request_f32_nodraft, float, true)
+SPECDIFF_SCAN_REQUEST(scan_request_f64_draft, double, false)
+SPECDIFF_SCAN_REQUEST(scan_request_f64_nodraft, double, true)
+#undef SPECDIFF_SCAN_REQUEST
 
 template <class S, bool NoDraft>
 void scan_rows(const float* p, const float* q, const S* inv_q, const std::int64_t* draft, std::int64_t tok,
                std::int64_t n, std::int64_t vocab, std::int64_t lo, std::int64_t hi, Best* best, std::int64_t chunks,
                std::int64_t k) {
   if constexpr (sizeof(S) == 4)
-    (NoDraft ? scan_rows_f32_nodraft : scan_rows_f32_draft)(p, q, inv_q, draft, tok, n, vocab, lo, hi, best, chunks, k);
+    (NoDraft ? scan_request_f32_nodraft : scan_request_f32_draft)(p, q, inv_q, draft, tok, n, vocab, lo, hi, best, chunks, k);
   else
-    (NoDraft ? scan_rows_f64_nodraft : scan_rows_f64_draft)(p, q, inv_q, draft, tok, n, vocab, lo, hi, best, chunks, k);
+    (NoDraft ? scan_request_f64_nodraft : scan_request_f64_draft)(p, q, inv_q, draft, tok, n, vocab, lo, hi, best, chunks, k);
 }
 
 // Vocabulary chunk width: whole rows (the longest streams, which DRAM serves best), split only as
