@@ -3,6 +3,7 @@
     nox -s conformance   the main job: every kernel, three backends, a table and reports/conformance.json
     nox -s tests         the harness's own tests
     nox -s lint          ruff
+    nox -s bench         benchmarks: the C++ port (and compiled Triton on a GPU) against the oracle
 
 Every install goes through constraints.txt, which pins torch to the CPU wheel on this
 machine's disk: an unpinned torch would pull the registry's CUDA build.
@@ -80,3 +81,51 @@ def gpu_sanitize(session: nox.Session) -> None:
             "python", "-m", "conformance", "run", "--profile", PROFILE, "--backend", "triton", "--backend", "triton-split",
             "--report", f"reports/sanitize-{tool}.json", *session.posargs,
         )
+
+
+BENCH_OUT = "reports/bench"
+BENCH_BASELINE = "benchmarks/baseline"  # pytest-benchmark storage of the regression gate's baseline
+BENCH_PYTEST = ("python", "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-v", "--benchmark-sort=fullname",
+                "--benchmark-columns=min,median,rounds")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks: JSON, summary table and plots under reports/bench/ (quick sweep by default).
+
+    nox -s bench                    the quick sweep (a few minutes on 2 cores)
+    nox -s bench -- --full          the whole sweep (also SPECDIFF_BENCH_FULL=1)
+    nox -s bench -- --baseline      measure the noise (3 runs of the gated results), then save the
+                                    baseline and its threshold under benchmarks/baseline/
+    nox -s bench -- --gate          compare the gated results with that baseline; fails on a
+                                    regression beyond the measured noise (--benchmark-compare-fail)
+    Other arguments go to pytest (e.g. -k sample_recovered, --bench-threads 1,2).
+    """
+    import json
+    from pathlib import Path
+
+    install(session, "test,bench")
+    args = list(session.posargs)
+    mode = next((m for m in ("--baseline", "--gate") if m in args), None)
+    args = [a for a in args if a not in ("--baseline", "--gate")]
+    Path(BENCH_OUT).mkdir(parents=True, exist_ok=True)
+    storage = f"--benchmark-storage=file://{BENCH_BASELINE}"
+    gate_file = Path(BENCH_BASELINE) / "gate.json"
+    if mode == "--baseline":
+        runs = [f"{BENCH_OUT}/noise-{i}.json" for i in range(3)]
+        for i, path in enumerate(runs):
+            save = [storage, "--benchmark-save=baseline"] if i == len(runs) - 1 else []
+            session.run(*BENCH_PYTEST, "-m", "gate", f"--benchmark-json={path}", *save, *args)
+        session.run("python", "benchmarks/report.py", "--noise", *runs, "--write", str(gate_file))
+        return
+    if mode == "--gate":
+        if not gate_file.exists():
+            session.error(f"no baseline: run `nox -s bench -- --baseline` first ({gate_file} is missing)")
+        threshold = json.loads(gate_file.read_text())["threshold_percent"]
+        session.log(f"gate: fail on a min time more than {threshold}% above the baseline (the measured noise)")
+        session.run(*BENCH_PYTEST, "-m", "gate", storage, "--benchmark-compare", f"--benchmark-compare-fail=min:{threshold}%",
+                    f"--benchmark-json={BENCH_OUT}/gate.json", *args)
+        return
+    path = f"{BENCH_OUT}/bench.json"
+    session.run(*BENCH_PYTEST, f"--benchmark-json={path}", *args)
+    session.run("python", "benchmarks/report.py", path)
