@@ -133,7 +133,7 @@ class Roofline:
     detail: dict[str, float] = field(default_factory=dict)
 
 
-def _best_rate(fn: Callable[[], Any], nbytes: int, repeats: int = 7) -> float:
+def _best_rate(fn: Callable[[], Any], nbytes: int, repeats: int = 9) -> float:
     fn()
     best = math.inf
     for _ in range(repeats):
@@ -362,7 +362,12 @@ def record(
             info["roofline_read_gbps"] = roofline.read_gbps
             info["roofline_copy_gbps"] = roofline.copy_gbps
             info["of_read_roofline"] = info["gbps"] / roofline.read_gbps
-            if not info["cache_resident"] and info["gbps"] > ROOFLINE_SLACK * roofline.read_gbps:
+            # Above the roofline: measure it again (up to five times, a second or so each) before
+            # calling it a harness error; another process streaming memory during the first
+            # measurement leaves it too low, and the run's roofline is its best.
+            for _ in range(5):
+                if info["cache_resident"] or info["gbps"] <= ROOFLINE_SLACK * roofline.read_gbps:
+                    break
                 roofline = remeasure_roofline()
                 info["roofline_read_gbps"] = roofline.read_gbps
                 info["roofline_copy_gbps"] = roofline.copy_gbps
