@@ -230,9 +230,11 @@ def _best_residual(
 
 @triton.jit
 def _recovered_split_kernel(
-    partial_max_ptr,  # [T, SPLITS] float32/float64: each split's largest score (-inf if none)
-    partial_idx_ptr,  # [T, SPLITS] int32: the lowest vocabulary index reaching it
+    partial_max_ptr,  # [T', SPLITS] float32/float64: each split's largest score (-inf if none)
+    partial_idx_ptr,  # [T', SPLITS] int32: the lowest vocabulary index reaching it
+    request_of_token_ptr,  # [T'] the request of each draft token (computed on the device)
     cu_num_draft_tokens_ptr,  # [B] int32/int64, inclusive
+    num_requests,  # B
     draft_token_ids_ptr,  # [T] int32/int64, read only when NO_DRAFT_PROBS
     draft_probs_ptr,  # [T, V] float32 q, or None
     target_probs_ptr,  # [T, V] float32 p
@@ -244,14 +246,12 @@ def _recovered_split_kernel(
     NO_DRAFT_PROBS: tl.constexpr,
     USE_FP64_GUMBEL: tl.constexpr,
 ):
-    req_idx = tl.program_id(0)
-    pos = tl.program_id(1)
-    split = tl.program_id(2)
-    start_idx = _request_start(cu_num_draft_tokens_ptr, req_idx).to(tl.int64)
-    end_idx = tl.load(cu_num_draft_tokens_ptr + req_idx).to(tl.int64)
-    if pos >= end_idx - start_idx:
+    token_idx = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    # T' (the grid) is an upper bound known without a device sync; tokens past T do nothing.
+    if token_idx >= tl.load(cu_num_draft_tokens_ptr + num_requests - 1):
         return
-    token_idx = start_idx + pos
+    req_idx = tl.load(request_of_token_ptr + token_idx)
     lo = split * split_size
     best, best_idx = _best_residual(
         draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, req_idx, token_idx, vocab_size,
@@ -265,12 +265,16 @@ def _recovered_split_kernel(
 @triton.jit
 def _recovered_reduce_kernel(
     output_token_ids_ptr,  # [T] int32/int64
-    partial_max_ptr,  # [T, SPLITS]
-    partial_idx_ptr,  # [T, SPLITS] int32
+    partial_max_ptr,  # [T', SPLITS]
+    partial_idx_ptr,  # [T', SPLITS] int32
+    cu_num_draft_tokens_ptr,  # [B], to stop at T
+    num_requests,
     num_splits,
     SPLITS_POW2: tl.constexpr,
 ):
     token_idx = tl.program_id(0).to(tl.int64)
+    if token_idx >= tl.load(cu_num_draft_tokens_ptr + num_requests - 1):
+        return
     k = tl.arange(0, SPLITS_POW2)
     m = tl.load(partial_max_ptr + token_idx * num_splits + k, mask=k < num_splits, other=float("-inf"))
     _, first = tl.max(m, axis=0, return_indices=True)  # the earliest split wins ties; all -inf gives split 0
@@ -282,14 +286,20 @@ class SampleRecoveredSplit:
 
     Accepts the engine kernel's arguments (``kernel[grid](...)``; the grid is ignored) so the
     conformance harness checks it like any backend, and ``sample_recovered_tokens`` can use it.
+    No host synchronisation: the token count is bounded by ``len(draft_token_ids)`` and each
+    request's tokens are found on the device. The tile is this layout's own (results never depend
+    on it, C15); ``BLOCK_SIZE`` is accepted for the engine's signature.
     """
 
     arg_names = [
         "output_token_ids_ptr", "cu_num_draft_tokens_ptr", "draft_token_ids_ptr", "draft_probs_ptr",
         "target_probs_ptr", "inv_q_ptr", "vocab_size", "BLOCK_SIZE", "NO_DRAFT_PROBS", "USE_FP64_GUMBEL",
     ]
-    # Programs to aim for: enough to fill a large GPU several times over.
-    target_programs = 1024
+
+    def __init__(self, tile: int = 4096, target_programs: int = 2048, num_warps: int = 8) -> None:
+        self.tile = tile  # vocabulary entries per loop step of one program
+        self.target_programs = target_programs  # enough to fill a large GPU several times over
+        self.num_warps = num_warps
 
     def __getitem__(self, grid: object) -> SampleRecoveredSplit:
         return self
@@ -298,28 +308,26 @@ class SampleRecoveredSplit:
         import torch
 
         a = dict(zip(self.arg_names, args), **kwargs)
-        cu, v, block = a["cu_num_draft_tokens_ptr"], int(a["vocab_size"]), int(a["BLOCK_SIZE"])
-        b = cu.numel()
-        if b == 0:
+        cu, v = a["cu_num_draft_tokens_ptr"], int(a["vocab_size"])
+        b, t_max = cu.numel(), a["draft_token_ids_ptr"].numel()
+        if b == 0 or t_max == 0:
             return
-        counts = torch.diff(cu.to(torch.int64), prepend=cu.new_zeros(1, dtype=torch.int64))
-        t, s = int(counts.sum()), int(counts.max())
-        if t == 0:
-            return
-        tiles = triton.cdiv(v, block)
-        splits = max(1, min(tiles, triton.cdiv(self.target_programs, t)))
-        split_size = triton.cdiv(tiles, splits) * block
+        tiles = triton.cdiv(v, self.tile)
+        splits = max(1, min(tiles, triton.cdiv(self.target_programs, t_max)))
+        split_size = triton.cdiv(tiles, splits) * self.tile
         splits = triton.cdiv(v, split_size)
-        dtype = a["inv_q_ptr"].dtype
         device = a["target_probs_ptr"].device
-        partial_max = torch.empty(t, splits, dtype=dtype, device=device)
-        partial_idx = torch.empty(t, splits, dtype=torch.int32, device=device)
-        _recovered_split_kernel[(b, s, splits)](
-            partial_max, partial_idx, cu, a["draft_token_ids_ptr"], a["draft_probs_ptr"], a["target_probs_ptr"],
-            a["inv_q_ptr"], v, split_size, splits, BLOCK_SIZE=block, NO_DRAFT_PROBS=a["NO_DRAFT_PROBS"],
-            USE_FP64_GUMBEL=a["USE_FP64_GUMBEL"],
+        request = torch.searchsorted(cu, torch.arange(t_max, dtype=cu.dtype, device=device), right=True)
+        partial_max = torch.empty(t_max, splits, dtype=a["inv_q_ptr"].dtype, device=device)
+        partial_idx = torch.empty(t_max, splits, dtype=torch.int32, device=device)
+        _recovered_split_kernel[(t_max, splits)](
+            partial_max, partial_idx, request, cu, b, a["draft_token_ids_ptr"], a["draft_probs_ptr"],
+            a["target_probs_ptr"], a["inv_q_ptr"], v, split_size, splits, BLOCK_SIZE=self.tile,
+            NO_DRAFT_PROBS=a["NO_DRAFT_PROBS"], USE_FP64_GUMBEL=a["USE_FP64_GUMBEL"], num_warps=self.num_warps,
         )
-        _recovered_reduce_kernel[(t,)](a["output_token_ids_ptr"], partial_max, partial_idx, splits, SPLITS_POW2=triton.next_power_of_2(splits))
+        _recovered_reduce_kernel[(t_max,)](
+            a["output_token_ids_ptr"], partial_max, partial_idx, cu, b, splits, SPLITS_POW2=triton.next_power_of_2(splits)
+        )
 
 
 sample_recovered_tokens_split = SampleRecoveredSplit()
