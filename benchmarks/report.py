@@ -141,12 +141,15 @@ def summary(machine: dict[str, Any], rows: list[dict[str, Any]], title: str) -> 
         f"- torch {spec.get('torch')}, Python {machine.get('python_version')}, sweep: {spec.get('sweep')}; "
         f"load average at start {spec.get('loadavg_start', float('nan')):.2f}",
         f"- roofline (this run): read {roof.get('read_gbps', 0):.1f} GB/s, copy {roof.get('copy_gbps', 0):.1f} GB/s "
-        f"(" + ", ".join(f"{k} {v:.1f}" for k, v in roof.items() if k.endswith("t")) + ")"
+        f"(" + ", ".join(f"{k} {v:.1f}" for k, v in roof.items() if k.endswith("t") or k == "read_between_calls") + ")"
         + (f"; GPU read {roof['gpu_read']:.0f} GB/s, copy {roof.get('gpu_copy', 0):.0f} GB/s (compiled rows' roofline)"
            if "gpu_read" in roof else ""),
         "",
-        "Times are per call (pytest-benchmark min and median); GB/s = the contract's bytes moved / min time; "
-        "'in cache' marks working sets under twice the last-level cache, where the DRAM roofline does not apply.",
+        "Times are per call (pytest-benchmark min and median); GB/s = the contract's bytes moved / min time. "
+        "K4 and K2 are timed cold (caches evicted before every call); 'in cache' marks warm calls on working "
+        "sets under four times the last-level cache, where the DRAM roofline does not apply. The read roofline "
+        "is the run's best read-only reduction: one and two streams at one thread and every core, and the "
+        "cache eviction between cold calls (read_between_calls).",
         "",
         "## Targets",
         "",
