@@ -230,9 +230,10 @@ def _best_residual(
 
 @triton.jit
 def _recovered_split_kernel(
+    output_token_ids_ptr,  # [T] int32/int64
     partial_max_ptr,  # [T', SPLITS] float32/float64: each split's largest score (-inf if none)
     partial_idx_ptr,  # [T', SPLITS] int32: the lowest vocabulary index reaching it
-    request_of_token_ptr,  # [T'] the request of each draft token (computed on the device)
+    arrivals_ptr,  # [T'] int32, zero between launches: splits of each token done so far
     cu_num_draft_tokens_ptr,  # [B] int32/int64, inclusive
     num_requests,  # B
     draft_token_ids_ptr,  # [T] int32/int64, read only when NO_DRAFT_PROBS
@@ -243,6 +244,8 @@ def _recovered_split_kernel(
     split_size,  # vocabulary entries per split, a multiple of BLOCK_SIZE
     num_splits,  # row stride of the partial buffers
     BLOCK_SIZE: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,  # num_splits rounded up to a power of two
+    SEARCH_STEPS: tl.constexpr,  # binary-search steps over cu: ceil(log2(B + 1))
     NO_DRAFT_PROBS: tl.constexpr,
     USE_FP64_GUMBEL: tl.constexpr,
 ):
@@ -251,34 +254,33 @@ def _recovered_split_kernel(
     # T' (the grid) is an upper bound known without a device sync; tokens past T do nothing.
     if token_idx >= tl.load(cu_num_draft_tokens_ptr + num_requests - 1):
         return
-    req_idx = tl.load(request_of_token_ptr + token_idx)
-    lo = split * split_size
+    # The request of this token: the first r with cu[r] > token.
+    lo = tl.zeros((), dtype=tl.int64)
+    hi = tl.zeros((), dtype=tl.int64) + num_requests
+    for _step in range(SEARCH_STEPS):
+        if lo < hi:
+            mid = (lo + hi) // 2
+            if tl.load(cu_num_draft_tokens_ptr + mid) > token_idx:
+                hi = mid
+            else:
+                lo = mid + 1
+    start = split * split_size
     best, best_idx = _best_residual(
-        draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, req_idx, token_idx, vocab_size,
-        lo, tl.minimum(lo + split_size, vocab_size), BLOCK_SIZE, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
+        draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, lo, token_idx, vocab_size,
+        start, tl.minimum(start + split_size, vocab_size), BLOCK_SIZE, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
     )
-    cell = token_idx * num_splits + split
-    tl.store(partial_max_ptr + cell, best)
-    tl.store(partial_idx_ptr + cell, best_idx)
-
-
-@triton.jit
-def _recovered_reduce_kernel(
-    output_token_ids_ptr,  # [T] int32/int64
-    partial_max_ptr,  # [T', SPLITS]
-    partial_idx_ptr,  # [T', SPLITS] int32
-    cu_num_draft_tokens_ptr,  # [B], to stop at T
-    num_requests,
-    num_splits,
-    SPLITS_POW2: tl.constexpr,
-):
-    token_idx = tl.program_id(0).to(tl.int64)
-    if token_idx >= tl.load(cu_num_draft_tokens_ptr + num_requests - 1):
-        return
-    k = tl.arange(0, SPLITS_POW2)
-    m = tl.load(partial_max_ptr + token_idx * num_splits + k, mask=k < num_splits, other=float("-inf"))
-    _, first = tl.max(m, axis=0, return_indices=True)  # the earliest split wins ties; all -inf gives split 0
-    tl.store(output_token_ids_ptr + token_idx, tl.load(partial_idx_ptr + token_idx * num_splits + first))
+    row = token_idx * num_splits
+    tl.store(partial_max_ptr + row + split, best)
+    tl.store(partial_idx_ptr + row + split, best_idx)
+    # The last split of a token to finish reduces its row (acq_rel: it sees every split's stores)
+    # and leaves the counter at zero for the next launch.
+    tl.debug_barrier()  # every thread of this program has stored before the counter moves
+    if tl.atomic_add(arrivals_ptr + token_idx, 1, sem="acq_rel") == num_splits - 1:
+        k = tl.arange(0, SPLITS_POW2)
+        m = tl.load(partial_max_ptr + row + k, mask=k < num_splits, other=float("-inf"), volatile=True)
+        _top, first = tl.max(m, axis=0, return_indices=True)  # the earliest split wins ties; all -inf: split 0
+        tl.store(output_token_ids_ptr + token_idx, tl.load(partial_idx_ptr + row + first, volatile=True))
+        tl.store(arrivals_ptr + token_idx, 0)
 
 
 class SampleRecoveredSplit:
@@ -286,9 +288,11 @@ class SampleRecoveredSplit:
 
     Accepts the engine kernel's arguments (``kernel[grid](...)``; the grid is ignored) so the
     conformance harness checks it like any backend, and ``sample_recovered_tokens`` can use it.
-    No host synchronisation: the token count is bounded by ``len(draft_token_ids)`` and each
-    request's tokens are found on the device. The tile is this layout's own (results never depend
-    on it, C15); ``BLOCK_SIZE`` is accepted for the engine's signature.
+    One launch and no host synchronisation: the token count is bounded by
+    ``len(draft_token_ids)``, each token finds its request on the device, and the last split of
+    a token to finish reduces it. Scratch buffers are kept per device, stream and shape. The
+    tile is this layout's own (results never depend on it, C15); ``BLOCK_SIZE`` is accepted for
+    the engine's signature.
     """
 
     arg_names = [
@@ -300,13 +304,25 @@ class SampleRecoveredSplit:
         self.tile = tile  # vocabulary entries per loop step of one program
         self.target_programs = target_programs  # enough to fill a large GPU several times over
         self.num_warps = num_warps
+        self._scratch: dict[tuple, tuple] = {}
 
     def __getitem__(self, grid: object) -> SampleRecoveredSplit:
         return self
 
-    def __call__(self, *args: object, **kwargs: object) -> None:
+    def _buffers(self, device: object, dtype: object, tokens: int, splits: int) -> tuple:
         import torch
 
+        stream = torch.cuda.current_stream(device).cuda_stream if getattr(device, "type", "cpu") == "cuda" else 0
+        key = (str(device), stream, dtype, tokens, splits)
+        if key not in self._scratch:
+            self._scratch[key] = (
+                torch.empty(tokens, splits, dtype=dtype, device=device),
+                torch.empty(tokens, splits, dtype=torch.int32, device=device),
+                torch.zeros(tokens, dtype=torch.int32, device=device),
+            )
+        return self._scratch[key]
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
         a = dict(zip(self.arg_names, args), **kwargs)
         cu, v = a["cu_num_draft_tokens_ptr"], int(a["vocab_size"])
         b, t_max = cu.numel(), a["draft_token_ids_ptr"].numel()
@@ -316,17 +332,12 @@ class SampleRecoveredSplit:
         splits = max(1, min(tiles, triton.cdiv(self.target_programs, t_max)))
         split_size = triton.cdiv(tiles, splits) * self.tile
         splits = triton.cdiv(v, split_size)
-        device = a["target_probs_ptr"].device
-        request = torch.searchsorted(cu, torch.arange(t_max, dtype=cu.dtype, device=device), right=True)
-        partial_max = torch.empty(t_max, splits, dtype=a["inv_q_ptr"].dtype, device=device)
-        partial_idx = torch.empty(t_max, splits, dtype=torch.int32, device=device)
+        partial_max, partial_idx, arrivals = self._buffers(a["target_probs_ptr"].device, a["inv_q_ptr"].dtype, t_max, splits)
         _recovered_split_kernel[(t_max, splits)](
-            partial_max, partial_idx, request, cu, b, a["draft_token_ids_ptr"], a["draft_probs_ptr"],
-            a["target_probs_ptr"], a["inv_q_ptr"], v, split_size, splits, BLOCK_SIZE=self.tile,
+            a["output_token_ids_ptr"], partial_max, partial_idx, arrivals, cu, b, a["draft_token_ids_ptr"],
+            a["draft_probs_ptr"], a["target_probs_ptr"], a["inv_q_ptr"], v, split_size, splits,
+            BLOCK_SIZE=self.tile, SPLITS_POW2=triton.next_power_of_2(splits), SEARCH_STEPS=b.bit_length(),
             NO_DRAFT_PROBS=a["NO_DRAFT_PROBS"], USE_FP64_GUMBEL=a["USE_FP64_GUMBEL"], num_warps=self.num_warps,
-        )
-        _recovered_reduce_kernel[(t_max,)](
-            a["output_token_ids_ptr"], partial_max, partial_idx, cu, b, splits, SPLITS_POW2=triton.next_power_of_2(splits)
         )
 
 
