@@ -3,6 +3,12 @@
     nox -s conformance   the main job: every kernel, three backends, a table and reports/conformance.json
     nox -s tests         the harness's own tests
     nox -s lint          ruff
+    nox -s signatures    every backend's launch signature against its contract (-- --vllm: and vLLM's kernels)
+    nox -s threads       the C++ port bit-identical at 1, 2, 3 and all OpenMP threads
+    nox -s fuzz          malformed launches: clean TypeError/ValueError, nothing touched
+    nox -s mutants       the catalogue of planted faults (conformance/mutants.toml) and its kill matrix
+    nox -s sanitize      the C++ port under AddressSanitizer + UBSan: conformance, fuzz, threads
+    nox -s gate -- REF   nightly profile on the kernels changed since REF, ci profile on the rest
     nox -s bench         benchmarks: the C++ port (and compiled Triton on a GPU) against the oracle
 
 Every install goes through constraints.txt, which pins torch to the CPU wheel on this
@@ -34,14 +40,14 @@ def install(session: nox.Session, extras: str = "") -> None:
 def conformance(session: nox.Session) -> None:
     """Three-way conformance of every kernel (profile from SPECDIFF_PROFILE, default dev)."""
     install(session, "test")
-    session.run("python", "-m", "conformance", "run", "--profile", PROFILE, *session.posargs)
+    session.run("python", "-m", "conformance", "run", "--profile", PROFILE, "--junit", "reports/conformance.xml", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The harness's own tests: goldens, launch forms, runner power, compositions, statistics."""
     install(session, "test")
-    session.run("python", "-m", "pytest", *session.posargs, env={"SPECDIFF_PROFILE": PROFILE})
+    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", *session.posargs, env={"SPECDIFF_PROFILE": PROFILE})
 
 
 @nox.session(python=PYTHON)
@@ -95,10 +101,11 @@ def bench(session: nox.Session) -> None:
 
     nox -s bench                    the quick sweep (a few minutes on 2 cores)
     nox -s bench -- --full          the whole sweep (also SPECDIFF_BENCH_FULL=1)
-    nox -s bench -- --baseline      measure the noise (3 runs of the gated results), then save the
-                                    baseline and its threshold under benchmarks/baseline/
-    nox -s bench -- --gate          compare the gated results with that baseline; fails on a
-                                    regression beyond the measured noise (--benchmark-compare-fail)
+    nox -s bench -- --baseline      measure the noise (3 runs of the C++ port's results), then save
+                                    the baseline, the results quiet enough to gate (spread <= 25 %)
+                                    and the threshold (1.5x their spread) under benchmarks/baseline/
+    nox -s bench -- --gate          compare those results with the baseline; fails on a regression
+                                    beyond the measured noise (--benchmark-compare-fail)
     Other arguments go to pytest (e.g. -k sample_recovered, --bench-threads 1,2).
     """
     import json
@@ -123,9 +130,73 @@ def bench(session: nox.Session) -> None:
             session.error(f"no baseline: run `nox -s bench -- --baseline` first ({gate_file} is missing)")
         threshold = json.loads(gate_file.read_text())["threshold_percent"]
         session.log(f"gate: fail on a min time more than {threshold}% above the baseline (the measured noise)")
-        session.run(*BENCH_PYTEST, "-m", "gate", storage, "--benchmark-compare", f"--benchmark-compare-fail=min:{threshold}%",
-                    f"--benchmark-json={BENCH_OUT}/gate.json", *args)
+        session.run(*BENCH_PYTEST, "-m", "gate", f"--bench-only={gate_file}", storage, "--benchmark-compare",
+                    f"--benchmark-compare-fail=min:{threshold}%", f"--benchmark-json={BENCH_OUT}/gate.json", *args)
         return
     path = f"{BENCH_OUT}/bench.json"
     session.run(*BENCH_PYTEST, f"--benchmark-json={path}", *args)
     session.run("python", "benchmarks/report.py", path)
+
+
+# -- the harness's checks of itself (issue 5) -----------------------------------------------------------
+def install_deps(session: nox.Session) -> None:
+    """specdiff's dependencies and build requirements, without building specdiff: the sessions that
+    build the C++ port into a scratch copy (mutants, sanitize) need no build of the tree itself."""
+    from pathlib import Path
+
+    import tomllib
+
+    meta = tomllib.loads(Path("pyproject.toml").read_text())
+    project = meta["project"]
+    reqs = [*project["dependencies"], *project["optional-dependencies"]["test"], *meta["build-system"]["requires"]]
+    session.install("torch==2.13.0", *CONSTRAINTS)
+    session.install(*reqs, *CONSTRAINTS)
+
+
+@nox.session(python=PYTHON)
+def signatures(session: nox.Session) -> None:
+    """Signature conformance of every backend; `-- --vllm` also checks the contracts against vLLM's kernels."""
+    install(session, "test")
+    session.run("python", "-m", "conformance", "signatures", "--junit", "reports/signatures.xml", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def threads(session: nox.Session) -> None:
+    """Thread-count invariance of the C++ port, every OpenMP region forced parallel."""
+    install(session, "test")
+    session.run("python", "-m", "conformance", "threads", "--profile", PROFILE, "--junit", "reports/threads.xml", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """Malformed launches through every validating backend (5,000 under SPECDIFF_PROFILE=ci)."""
+    install(session, "test")
+    session.run("python", "-m", "conformance", "fuzz", "--profile", PROFILE, "--junit", "reports/fuzz.xml", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def mutants(session: nox.Session) -> None:
+    """Each catalogued fault (conformance/mutants.toml) against the harness; fails if one survives.
+
+    nox -s mutants                      every fault, checks in order until the first kill
+    nox -s mutants -- --all-checks      every check on every fault: the full kill matrix
+    nox -s mutants -- --id ID --keep    one fault, keeping its scratch tree
+    """
+    install_deps(session)
+    session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants.xml", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def sanitize(session: nox.Session) -> None:
+    """The C++ port built with AddressSanitizer and UBSan in a scratch copy; conformance, fuzz and threads under it."""
+    install_deps(session)
+    session.run("python", "-m", "conformance", "sanitize", "--profile", os.environ.get("SPECDIFF_PROFILE", "ci"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def gate(session: nox.Session) -> None:
+    """`nox -s gate -- BASE_REF`: the nightly profile on kernels whose files changed since BASE_REF, ci on the rest."""
+    if not session.posargs:
+        session.error("usage: nox -s gate -- BASE_REF [--dry-run]")
+    install(session, "test")
+    session.run("python", "-m", "conformance", "gate", *session.posargs)

@@ -5,8 +5,10 @@ The machinery (input sizes, thread control, roofline, timing, re-validation) is 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +20,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specdiff benchmarks")
     group.addoption("--full", action="store_true", default=False, help="run the full sweep (slow)")
     group.addoption("--bench-threads", default=None, help="comma-separated OpenMP thread counts for scaling sweeps")
+    group.addoption("--bench-only", default=None, help="a gate.json: run only the benchmarks it gates")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gate: a result the regression gate compares with the saved baseline")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only = config.getoption("--bench-only")
+    if not only:
+        return
+    keep = set(json.loads(Path(only).read_text())["gated"])
+    chosen = [i for i in items if i.name in keep]
+    dropped = [i for i in items if i.name not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = chosen
 
 
 @pytest.fixture(scope="session")

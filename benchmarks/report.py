@@ -265,21 +265,25 @@ def plots(machine: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> lis
     return made
 
 
-def noise(paths: list[Path], write: Path | None) -> dict[str, Any]:
-    """The regression gate's threshold from repeated runs of the same benchmarks: per benchmark the
-    spread of its min time (slowest run's min / fastest run's min - 1); the threshold is 1.5x the
-    largest spread, at least 10 %."""
+def noise(paths: list[Path], write: Path | None, cap: float = 25.0) -> dict[str, Any]:
+    """The regression gate from repeated runs of the same benchmarks. Per benchmark, the spread of
+    its min time (slowest run's min / fastest run's min - 1). Benchmarks whose spread is at most
+    ``cap`` percent are gated; the threshold is 1.5x the largest gated spread, at least 10 %. The
+    rest are too noisy on this machine to gate anything and are listed as such."""
     mins: dict[str, list[float]] = defaultdict(list)
     for path in paths:
         for r in load(path)[1]:
             mins[r["name"]].append(r["min_s"])
-    spreads = {name: max(v) / min(v) - 1 for name, v in mins.items() if len(v) == len(paths)}
-    worst = max(spreads.values(), default=0.0)
+    spreads = {name: 100 * (max(v) / min(v) - 1) for name, v in mins.items() if len(v) == len(paths)}
+    gated = {k: v for k, v in spreads.items() if v <= cap}
+    worst = max(gated.values(), default=0.0)
     result = {
         "runs": [str(p) for p in paths],
-        "spread_percent": {k: round(100 * v, 1) for k, v in sorted(spreads.items())},
-        "max_spread_percent": round(100 * worst, 1),
-        "threshold_percent": max(10, int(150 * worst + 0.999)),
+        "cap_percent": cap,
+        "gated": sorted(gated),
+        "threshold_percent": max(10, int(1.5 * worst + 0.999)),
+        "spread_percent": {k: round(v, 1) for k, v in sorted(spreads.items())},
+        "too_noisy": sorted(set(spreads) - set(gated)),
     }
     text = json.dumps(result, indent=2)
     print(text)
