@@ -29,7 +29,7 @@ from conformance.runner import Disagreement, load_case, replay_command, run_case
 
 BUILT_IN = ("reference", "triton", "cpu")
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
-TOOLS = ("signatures", "threads", "fuzz")
+TOOLS = ("signatures", "threads", "fuzz", "mutants", "sanitize", "gate")
 
 
 def _backend_mode(name: str) -> str:

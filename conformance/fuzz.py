@@ -278,8 +278,13 @@ QUARANTINE: dict[tuple[str, str, str], str] = {
         "KBS * W overflows: the contract's check raises OverflowError, the C++ port multiplies past int64",
     ("compute_slot_mapping_kernel", "huge scalar", "CP_KV_CACHE_INTERLEAVE_SIZE"):
         "W * I overflows: the contract's check raises OverflowError, the oracle and the C++ port disagree",
+    ("compute_slot_mapping_kernel", "huge scalar", "TOTAL_CP_WORLD_SIZE"):
+        "KBS * W overflows: the oracle raises OverflowError (position // (KBS * W)) on a launch the contract accepts",
     ("compute_slot_mapping_kernel", "negative length", "block_table_stride"):
         "a stride of -2**63 with no local token: the oracle raises OverflowError on a launch the contract accepts",
+    ("eagle_prepare_next_token_padded_kernel", "negative length", "stride_sampled_token_ids"):
+        "with no column to read (W = 0) any stride is in contract, and the C++ port forms sampled + r * stride on an "
+        "empty tensor's null data pointer: undefined behaviour that UBSan reports (nox -s sanitize)",
     ("eagle_prepare_next_token_padded_kernel", "huge scalar", "num_reqs"):
         "the contract's require_rows allocates torch.arange(num_reqs) before comparing num_reqs with the tensor: 2**62 rows exhaust memory",
 }

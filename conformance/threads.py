@@ -30,18 +30,31 @@ from pathlib import Path
 from typing import Any
 
 SHIM = r"""
-// Forces every OpenMP parallel region launched from cpu_impl._C onto the full team.
+// Forces every OpenMP parallel region launched from cpu_impl._C onto the full team, and can hold
+// the team's master back so that the other threads run their iterations first.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef void (*parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 static unsigned long forced, regions;
+static unsigned stagger_us;  /* > 0: the master sleeps this long before its share of the loop */
+static int (*thread_num)(void);
 
 unsigned long specdiff_forced_regions(void) { return forced; }
 unsigned long specdiff_parallel_regions(void) { return regions; }
+void specdiff_set_stagger(unsigned us) { stagger_us = us; }
+
+struct call { void (*fn)(void *); void *data; unsigned us; };
+
+static void staggered(void *p) {
+  struct call *c = (struct call *)p;
+  if (thread_num() == 0) usleep(c->us);
+  c->fn(c->data);
+}
 
 static int from_extension(void *caller) {
   Dl_info info;
@@ -54,8 +67,9 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
     void *gomp = dlopen("libgomp.so.1", RTLD_NOLOAD | RTLD_LAZY);
     next = (parallel_fn)dlsym(gomp ? gomp : RTLD_NEXT, "GOMP_parallel");
     if (!next || next == GOMP_parallel) next = (parallel_fn)dlsym(RTLD_NEXT, "GOMP_parallel");
-    if (!next) {
-      fprintf(stderr, "specdiff force-parallel shim: no GOMP_parallel to forward to\n");
+    thread_num = (int (*)(void))dlsym(gomp ? gomp : RTLD_NEXT, "omp_get_thread_num");
+    if (!next || !thread_num) {
+      fprintf(stderr, "specdiff force-parallel shim: no libgomp to forward to\n");
       abort();
     }
   }
@@ -65,10 +79,17 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
       num_threads = 0;
       __atomic_add_fetch(&forced, 1, __ATOMIC_RELAXED);
     }
+    if (stagger_us) {
+      struct call c = {fn, data, stagger_us};
+      next(staggered, &c, num_threads, flags);
+      return;
+    }
   }
   next(fn, data, num_threads, flags);
 }
 """
+
+STAGGER_US = 300  # how long the master waits in the staggered schedule: far longer than any test case's loop
 
 _ENV_FLAG = "SPECDIFF_FORCE_PARALLEL"
 
@@ -93,6 +114,29 @@ def build_shim(directory: str | os.PathLike[str] | None = None) -> Path:
     return lib
 
 
+def _stagger(us: int) -> bool:
+    """Holds each forced region's master back ``us`` microseconds (0: no stagger); False without the shim."""
+    try:
+        fn = ctypes.CDLL(None).specdiff_set_stagger
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_uint]
+    fn(us)
+    return True
+
+
+def schedules(counts: list[int]) -> list[tuple[int, int]]:
+    """(threads, master stagger in µs): every count as the runtime schedules it, then two and all
+    threads with the master held back, so iterations after the first thread's run before it.
+    A loop that carries state from one iteration to the next (a running offset shared by the
+    threads) then reads state no iteration wrote yet: a race made deterministic."""
+    out = [(n, 0) for n in counts]
+    for n in sorted({2, counts[-1]}):
+        if n > 1:
+            out.append((n, STAGGER_US))
+    return out
+
+
 def _shim_counters() -> tuple[int, int] | None:
     try:
         me = ctypes.CDLL(None)
@@ -108,27 +152,33 @@ class ThreadDisagreement(AssertionError):
     pass
 
 
-def _describe(kernel: str, counts: list[int], outs: dict[int, Any]) -> str:
+def _label(schedule: tuple[int, int]) -> str:
+    n, us = schedule
+    return f"{n} OpenMP thread{'s' if n != 1 else ''}" + (f" (master held back {us} us)" if us else "")
+
+
+def _describe(kernel: str, plan: list[tuple[int, int]], outs: dict[tuple[int, int], Any]) -> str:
     import torch
 
     from conformance.runner import _bits
 
-    base = outs[counts[0]]
-    for n in counts[1:]:
-        o = outs[n]
+    first = plan[0]
+    base = outs[first]
+    for schedule in plan[1:]:
+        o = outs[schedule]
         if base.error or o.error:
             if (base.error or "").splitlines()[:1] != (o.error or "").splitlines()[:1]:
-                return f"{kernel}: {counts[0]} thread(s): {base.error or 'ok'}; {n} threads: {o.error or 'ok'}"
+                return f"{kernel}: {_label(first)}: {base.error or 'ok'}; {_label(schedule)}: {o.error or 'ok'}"
             continue
         for name in sorted(base.outputs):
             a, b = _bits(base.outputs[name]).reshape(-1), _bits(o.outputs[name]).reshape(-1)
             if not torch.equal(a, b):
                 i = int((a != b).nonzero()[0])
                 return (
-                    f"{kernel}: output '{name}' differs between {counts[0]} and {n} OpenMP threads at flat element {i}: "
+                    f"{kernel}: output '{name}' differs between {_label(first)} and {_label(schedule)} at flat element {i}: "
                     f"{base.outputs[name].reshape(-1)[i].item()!r} vs {o.outputs[name].reshape(-1)[i].item()!r}"
                 )
-    return f"{kernel}: outputs differ between thread counts {counts}"
+    return f"{kernel}: outputs differ between schedules {[_label(x) for x in plan]}"
 
 
 def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None) -> dict[str, Any]:
@@ -147,20 +197,24 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
     tally = {"examples": 0}
     before = _shim_counters()
 
+    plan = schedules(counts) if _shim_counters() is not None else [(n, 0) for n in counts]
+
     @given(case=cases(kernel))
     def prop(case: Any) -> None:
         tally["examples"] += 1
         try:
             for variant in range(_variants(case.spec, case.args)):
                 outs = {}
-                for n in counts:
+                for n, us in plan:
                     _C.set_num_threads(n)
-                    outs[n] = run_backend(backend, case, variant)
+                    _stagger(us)
+                    outs[(n, us)] = run_backend(backend, case, variant)
                 if len({_key(o) for o in outs.values()}) > 1:
                     path = save_case(case)
-                    raise ThreadDisagreement(f"{_describe(kernel, counts, outs)}\n  replay: python -m conformance threads --replay {path}")
+                    raise ThreadDisagreement(f"{_describe(kernel, plan, outs)}\n  replay: python -m conformance threads --replay {path}")
         finally:
             _C.set_num_threads(counts[-1])
+            _stagger(0)
 
     if max_examples is not None:
         prop = settings(max_examples=max_examples)(prop)
@@ -187,15 +241,18 @@ def replay(path: str, counts: list[int]) -> int:
     from cpu_impl import _C
 
     case = load_case(path)
+    plan = schedules(counts) if _shim_counters() is not None else [(n, 0) for n in counts]
     for variant in range(_variants(case.spec, case.args)):
         outs = {}
-        for n in counts:
+        for n, us in plan:
             _C.set_num_threads(n)
-            outs[n] = run_backend(BACKENDS["cpu"], case, variant)
+            _stagger(us)
+            outs[(n, us)] = run_backend(BACKENDS["cpu"], case, variant)
+        _stagger(0)
         if len({_key(o) for o in outs.values()}) > 1:
-            print(_describe(case.kernel, counts, outs))
+            print(_describe(case.kernel, plan, outs))
             return 1
-    print(f"{case.kernel}: identical at {counts} threads")
+    print(f"{case.kernel}: identical under {', '.join(_label(x) for x in plan)}")
     return 0
 
 
@@ -234,7 +291,8 @@ def _cmd(ns: argparse.Namespace) -> int:
     settings.load_profile(ns.profile)
     forcing = _shim_counters() is not None
     print(f"specdiff threads: profile {ns.profile}, OpenMP threads {counts}, "
-          f"{'every parallel region forced (preload shim)' if forcing else 'ports keep their serial thresholds'}", flush=True)
+          f"{'every parallel region forced (preload shim), then 2 and all threads with the master held back' if forcing else 'ports keep their serial thresholds'}",
+          flush=True)
     results = {}
     for name in ns.kernel or list(kernels.SPECS):
         e = check_kernel(name, counts, ns.max_examples)

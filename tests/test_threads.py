@@ -51,7 +51,7 @@ def test_a_thread_dependent_port_is_caught(monkeypatch):
     monkeypatch.setitem(BACKENDS, "cpu", Backend("cpu", Drifting, real.device, real.mode))
     e = threads.check_kernel("expand_kernel", [1, 2], max_examples=30)
     assert e["status"] == "fail", e
-    assert "expand_kernel: output 'output_ptr' differs between 1 and 2 OpenMP threads at flat element 0" in e["message"]
+    assert "expand_kernel: output 'output_ptr' differs between 1 OpenMP thread and 2 OpenMP threads at flat element 0" in e["message"]
 
 
 def test_the_shim_builds_and_counts_nothing_outside_the_extension(tmp_path):

@@ -128,7 +128,7 @@ def _uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tenso
     """float64 uniforms in [0, 1); drawn cells are 0.0 or sit exactly on ``boundary`` (the float32
     ratio or rate, widened) or one float64 ulp above it — where >= and > part."""
     u = torch.rand(t, dtype=torch.float64, generator=g)
-    for i, how in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(["zero", "on", "above"])), max_size=3 if t else 0)):
+    for i, how in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(["above", "on", "zero"])), max_size=3 if t else 0)):
         if how == "zero" or boundary is None:
             u[i] = 0.0
         else:

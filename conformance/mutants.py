@@ -1,0 +1,401 @@
+"""Planted faults: the harness's measured power to detect realistic bugs.
+
+Each entry of the catalogue (``conformance/mutants.toml``, data that anyone can extend) is one
+fault: a backend, a file, an exact ``find`` text and its ``replace``ment, the kernels that can
+see it, and the class of fault. ``python -m conformance mutants`` copies the tree once into a
+scratch directory, builds the C++ extension there once, and then for each mutant, one at a
+time: applies it, rebuilds only the changed translation unit (C++ faults), and runs the
+harness's checks from inside the copy — its packages shadow any installed specdiff, since the
+working directory comes first on ``sys.path`` — until one of them kills it:
+
+- ``conformance``: ``python -m conformance run --profile ci`` on the mutant's kernels, the
+  faulty backend against the oracle (and, for an oracle fault, against the other two, so that
+  the majority names it); a kill is a report that names the faulty backend;
+- ``threads``: thread-count invariance of the C++ port (C++ faults);
+- ``fuzz``: the malformed-input fuzz, for backends that validate; a kill names the backend;
+- ``signatures``: the signature gate on the faulty backend;
+- ``goldens``: the spec's golden examples (``tests/test_<family>.py`` selected by backend).
+
+Then it restores the file (and the pristine object file and extension) and moves on. It prints
+a kill matrix — fault × the check that caught it — writes ``reports/mutants.json`` (and JUnit
+XML with ``--junit``), and exits non-zero if any catalogued fault survives, does not apply (its
+``find`` text is gone: the catalogue is stale) or does not build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent.parent
+CATALOGUE = Path(__file__).with_name("mutants.toml")
+CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens")
+FUZZ_LAUNCHES = 600  # malformed cases per mutant kernel
+CHECK_TIMEOUT = 900  # seconds; a mutant that hangs a check is killed by the timeout
+
+# Build the extension in place, recompiling only translation units newer than their objects.
+BUILD = """
+import runpy, sys
+import pybind11.setup_helpers as h
+_init = h.ParallelCompile.__init__
+def init(self, *a, **kw):
+    kw.setdefault("needs_recompile", h.naive_recompile)
+    _init(self, *a, **kw)
+h.ParallelCompile.__init__ = init
+sys.argv = ["setup.py", "-q", "build_ext", "--inplace"]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+
+
+@dataclass
+class Mutant:
+    id: str
+    backend: str
+    file: str
+    find: str
+    replace: str
+    kernels: list[str]
+    fault: str
+    description: str
+    occurrence: int = 0  # 0: ``find`` must occur exactly once; n: its n-th occurrence (1-based)
+    checks: list[str] = field(default_factory=lambda: list(CHECKS))
+    # Further edits of the same file, applied in order after the first: [{find, replace, occurrence}].
+    also: list[dict[str, Any]] = field(default_factory=list)
+
+
+def load(path: Path = CATALOGUE) -> list[Mutant]:
+    data = tomllib.loads(path.read_text())
+    out = []
+    for entry in data.get("mutant", []):
+        m = Mutant(**entry)
+        unknown = set(m.checks) - set(CHECKS)
+        if unknown:
+            raise ValueError(f"mutant {m.id}: unknown checks {sorted(unknown)}")
+        out.append(m)
+    ids = [m.id for m in out]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise ValueError(f"duplicate mutant ids: {sorted(dup)}")
+    return out
+
+
+def mutate(text: str, m: Mutant) -> str:
+    """``text`` with the mutant applied; ValueError when a ``find`` text is not where it says."""
+    for edit in [{"find": m.find, "replace": m.replace, "occurrence": m.occurrence}, *m.also]:
+        find, occurrence = edit["find"], edit.get("occurrence", 0)
+        count = text.count(find)
+        if occurrence == 0 and count != 1:
+            raise ValueError(f"mutant {m.id}: 'find' {find[:60]!r} occurs {count} times in {m.file} (must be once, or give 'occurrence')")
+        if occurrence > count:
+            raise ValueError(f"mutant {m.id}: 'find' {find[:60]!r} occurs {count} times in {m.file}, occurrence {occurrence} asked")
+        at = -1
+        for _ in range(max(1, occurrence)):
+            at = text.index(find, at + 1)
+        text = text[:at] + edit["replace"] + text[at + len(find) :]
+    return text
+
+
+# -- the scratch tree -------------------------------------------------------------------------------
+def tree_files(root: Path) -> list[str]:
+    """Tracked and untracked-but-not-ignored files (what a fresh clone plus work in progress has)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, capture_output=True, check=True).stdout
+        return [f for f in out.decode().split("\0") if f and (root / f).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".nox", "build", "reports", "__pycache__", ".hypothesis"}
+        return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not skip & set(p.relative_to(root).parts)]
+
+
+class Scratch:
+    """A copy of the tree with its own in-place build of cpu_impl._C."""
+
+    def __init__(self, root: Path, where: Path | None = None, keep: bool = False) -> None:
+        self.root = root
+        self.dir = Path(where or tempfile.mkdtemp(prefix="specdiff-mutants-"))
+        self.keep = keep
+        for f in tree_files(root):
+            dest = self.dir / f
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / f, dest)
+        self.pristine = self.dir / ".pristine"
+        self.env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SPECDIFF_FAILURES": str(self.dir / "reports" / "failures")}
+        self.env.pop("PYTHONPATH", None)
+
+    def build(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", BUILD], cwd=self.dir, env=self.env, capture_output=True, text=True)
+
+    def objects(self) -> list[Path]:
+        return sorted(p for p in (self.dir / "build").rglob("*.o")) + sorted((self.dir / "cpu_impl").glob("_C*.so"))
+
+    def save_pristine(self) -> None:
+        self.pristine.mkdir(exist_ok=True)
+        for p in self.objects():
+            rel = p.relative_to(self.dir)
+            (self.pristine / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, self.pristine / rel)
+
+    def restore_pristine(self) -> None:
+        for p in self.pristine.rglob("*"):
+            if p.is_file():
+                shutil.copy2(p, self.dir / p.relative_to(self.pristine))
+
+    def close(self) -> None:
+        if not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Applied:
+    """Applies a mutant to the scratch tree for the duration of a ``with`` block."""
+
+    def __init__(self, scratch: Scratch, m: Mutant) -> None:
+        self.s, self.m = scratch, m
+        self.path = scratch.dir / m.file
+        self.native = m.file.startswith("csrc/")
+        self.touched: list[tuple[Path, os.stat_result]] = []
+
+    def __enter__(self) -> Applied:
+        original = self.path.read_text()
+        self.original, self.stat = original, self.path.stat()
+        self.path.write_text(mutate(original, self.m))
+        if self.native:
+            # Newer than every object and the extension, so only this unit rebuilds (a header: all).
+            later = time.time() + 2
+            targets = [self.path] if self.path.suffix != ".h" else [self.path, *sorted((self.s.dir / "csrc").glob("*.cpp"))]
+            for t in targets:
+                self.touched.append((t, t.stat()))
+                os.utime(t, (later, later))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.path.write_text(self.original)
+        os.utime(self.path, ns=(self.stat.st_atime_ns, self.stat.st_mtime_ns))
+        for t, st in self.touched:
+            os.utime(t, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if self.native:
+            self.s.restore_pristine()
+
+
+# -- the checks ------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    check: str
+    killed: bool | None  # None: not applicable or not run
+    seconds: float = 0.0
+    detail: str = ""
+
+
+def _run(s: Scratch, args: list[str], timeout: int) -> tuple[int | None, str, float]:
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, *args], cwd=s.dir, env=s.env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return None, (e.stdout or b"").decode(errors="replace")[-2000:] if isinstance(e.stdout, bytes) else str(e.stdout or "")[-2000:], time.perf_counter() - started
+    return done.returncode, (done.stdout + done.stderr)[-6000:], time.perf_counter() - started
+
+
+def _crash(rc: int | None) -> str | None:
+    if rc is None:
+        return "timed out"
+    if rc < 0:
+        return f"crashed (signal {-rc})"
+    return None
+
+
+def _names_backend(text: str, backend: str) -> bool:
+    return f" on {backend}:" in text or f"'{backend} (" in text or f"{backend} failed" in text
+
+
+def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
+    reports = s.dir / "reports"
+    reports.mkdir(exist_ok=True)
+    kernels = [a for k in m.kernels for a in ("--kernel", k)]
+    if name == "conformance":
+        others = ["--backend", "triton", "--backend", "cpu"] if m.backend == "reference" else []
+        report = reports / f"{m.id}.conformance.json"
+        rc, out, sec = _run(s, ["-m", "conformance", "run", "--profile", profile, *kernels, "--backend", m.backend, *others,
+                                "--no-shrink", "--no-require-coverage", "--report", str(report)], CHECK_TIMEOUT)
+        if _crash(rc):
+            return Result(name, True, sec, _crash(rc))
+        if not report.exists():
+            return Result(name, rc != 0, sec, out[-400:])
+        data = json.loads(report.read_text())["kernels"]
+        hit = [k for k, per in data.items() if per.get(m.backend, {}).get("status") in ("fail", "error")]
+        msg = next((per[m.backend]["message"] for k, per in data.items() if k in hit), "") or ""
+        return Result(name, bool(hit), sec, msg.strip().splitlines()[0] if msg.strip() else "")
+    if name == "threads":
+        if m.backend != "cpu":
+            return Result(name, None)
+        report = reports / f"{m.id}.threads.json"
+        rc, out, sec = _run(s, ["-m", "conformance", "threads", "--profile", profile, *kernels, "--report", str(report)], CHECK_TIMEOUT)
+        if _crash(rc):
+            return Result(name, True, sec, _crash(rc))
+        msg = next((e["message"] for e in json.loads(report.read_text())["kernels"].values() if e.get("message")), "") if report.exists() else out
+        return Result(name, rc != 0, sec, (msg or "").strip().splitlines()[0] if (msg or "").strip() else "")
+    if name == "fuzz":
+        from conformance.backends import BACKENDS
+
+        if m.backend not in BACKENDS or not BACKENDS[m.backend].validates:
+            return Result(name, None)
+        report = reports / f"{m.id}.fuzz.json"
+        rc, out, sec = _run(s, ["-m", "conformance", "fuzz", "--profile", profile, *kernels, "--launches", str(FUZZ_LAUNCHES * len(m.kernels)),
+                                "--report", str(report)], CHECK_TIMEOUT)
+        if _crash(rc):
+            return Result(name, True, sec, _crash(rc))
+        msgs = [e["message"] for e in json.loads(report.read_text())["kernels"].values() if e.get("message")] if report.exists() else [out]
+        named = [x for x in msgs if _names_backend(x, m.backend)]
+        return Result(name, rc != 0 and bool(named), sec, named[0].strip().splitlines()[0] if named else "")
+    if name == "signatures":
+        rc, out, sec = _run(s, ["-m", "conformance", "signatures", *kernels, "--backend", m.backend], CHECK_TIMEOUT)
+        if _crash(rc):
+            return Result(name, True, sec, _crash(rc))
+        fails = [line.strip() for line in out.splitlines() if "FAIL" in line or ": " in line and line.startswith(" ")]
+        return Result(name, rc != 0, sec, fails[0] if rc != 0 and fails else "")
+    if name == "goldens":
+        families = sorted({_family(k) for k in m.kernels})
+        files = [f"tests/test_{f}.py" for f in families if (s.dir / f"tests/test_{f}.py").exists()]
+        if not files:
+            return Result(name, None)
+        rc, out, sec = _run(s, ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files, "-k", m.backend], CHECK_TIMEOUT)
+        if _crash(rc):
+            return Result(name, True, sec, _crash(rc))
+        failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+        return Result(name, rc == 1, sec, failed[0] if failed else "")
+    raise ValueError(name)
+
+
+def _family(kernel: str) -> str:
+    from conformance import kernels
+
+    return kernels.get(kernel).family
+
+
+def evaluate(m: Mutant, s: Scratch, profile: str, all_checks: bool) -> dict[str, Any]:
+    """Applies ``m``, builds if native, runs its checks; returns the row of the kill matrix."""
+    row: dict[str, Any] = {"id": m.id, "backend": m.backend, "fault": m.fault, "file": m.file, "kernels": m.kernels,
+                           "description": m.description, "checks": {}, "killed_by": None, "error": None}
+    started = time.perf_counter()
+    try:
+        with Applied(s, m):
+            if m.file.startswith("csrc/"):
+                built = s.build()
+                row["build_seconds"] = round(time.perf_counter() - started, 1)
+                if built.returncode != 0:
+                    row["error"] = "does not build: " + (built.stdout + built.stderr).strip()[-600:]
+                    return row
+            for name in CHECKS:
+                if name not in m.checks:
+                    continue
+                r = check(name, m, s, profile)
+                if r.killed is None:
+                    continue
+                row["checks"][name] = {"killed": r.killed, "seconds": round(r.seconds, 1), "detail": r.detail[:300]}
+                if r.killed and row["killed_by"] is None:
+                    row["killed_by"] = name
+                    if not all_checks:
+                        break
+    except ValueError as e:  # the find text is gone: the catalogue is stale
+        row["error"] = str(e)
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def matrix(rows: list[dict[str, Any]]) -> str:
+    width = max([len(r["id"]) for r in rows] + [6]) + 2
+    head = f"{'mutant':<{width}}{'backend':<11}" + "".join(f"{c:<13}" for c in CHECKS) + "verdict"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = []
+        for c in CHECKS:
+            e = r["checks"].get(c)
+            cells.append(f"{'-' if e is None else 'KILLED' if e['killed'] else 'survived':<13}")
+        verdict = (f"ERROR: {r['error']}" if r["error"] else f"killed by {r['killed_by']}" if r["killed_by"] else "SURVIVED")
+        lines.append(f"{r['id']:<{width}}{r['backend']:<11}" + "".join(cells) + f"{verdict} ({r.get('seconds', 0)} s)")
+    return "\n".join(lines)
+
+
+# -- command line ----------------------------------------------------------------------------------
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("mutants", help="apply each catalogued fault to a scratch copy and check the harness kills it")
+    p.add_argument("--catalogue", default=str(CATALOGUE))
+    p.add_argument("--id", action="append", help="only this mutant (repeatable)")
+    p.add_argument("--backend", action="append", help="only mutants of this backend (repeatable)")
+    p.add_argument("--profile", default="ci", choices=("dev", "ci", "nightly"))
+    p.add_argument("--all-checks", action="store_true", help="run every check on every mutant (the full matrix), not just until the first kill")
+    p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    p.add_argument("--report", default="reports/mutants.json")
+    p.add_argument("--junit", help="write a JUnit XML report here")
+    p.add_argument("--list", action="store_true", help="list the catalogue and check every mutant applies, then stop")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(ns: argparse.Namespace) -> int:
+    catalogue = load(Path(ns.catalogue))
+    chosen = [m for m in catalogue if (not ns.id or m.id in ns.id) and (not ns.backend or m.backend in ns.backend)]
+    if ns.list:
+        bad = 0
+        for m in chosen:
+            try:
+                mutate((ROOT / m.file).read_text(), m)
+                ok = "applies"
+            except (ValueError, OSError) as e:
+                ok, bad = f"STALE: {e}", bad + 1
+            print(f"{m.id:<40}{m.backend:<11}{m.fault:<38}{ok}")
+        return 1 if bad else 0
+    started = time.perf_counter()
+    s = Scratch(ROOT, Path(ns.scratch) if ns.scratch else None, ns.keep)
+    print(f"specdiff mutants: {len(chosen)} faults, profile {ns.profile}, scratch tree {s.dir}", flush=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        if any(m.file.startswith("csrc/") for m in chosen):
+            t = time.perf_counter()
+            built = s.build()
+            if built.returncode != 0:
+                print((built.stdout + built.stderr)[-3000:])
+                print("FAILED: the unmutated tree does not build")
+                return 1
+            s.save_pristine()
+            print(f"  built the unmutated extension in {time.perf_counter() - t:.0f} s", flush=True)
+        for m in chosen:
+            row = evaluate(m, s, ns.profile, ns.all_checks)
+            rows.append(row)
+            how = row["error"] or (f"killed by {row['killed_by']}: {row['checks'][row['killed_by']]['detail']}" if row["killed_by"] else "SURVIVED")
+            print(f"  {m.id} ({m.backend}, {m.fault}): {how[:220]} [{row['seconds']} s]", flush=True)
+    finally:
+        s.close()
+    print()
+    print(matrix(rows))
+    killed = sum(1 for r in rows if r["killed_by"])
+    survived = [r["id"] for r in rows if not r["killed_by"] and not r["error"]]
+    broken = [r["id"] for r in rows if r["error"]]
+    total = time.perf_counter() - started
+    print(f"\nkilled {killed}/{len(rows)}" + (f"; survived: {', '.join(survived)}" if survived else "")
+          + (f"; stale or not building: {', '.join(broken)}" if broken else "") + f"; {total:.0f} s")
+    path = Path(ns.report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": 1, "profile": ns.profile, "killed": killed, "total": len(rows), "seconds": round(total, 1),
+                                "mutants": rows}, indent=2) + "\n")
+    if ns.junit:
+        from conformance import junit
+
+        junit.write(ns.junit, "mutants", [
+            junit.TestCase(f"mutants.{r['backend']}", r["id"], r.get("seconds", 0.0),
+                           failure=None if r["killed_by"] or r["error"] else f"{r['fault']} survived every check: {r['description']}",
+                           error=r["error"])
+            for r in rows
+        ])
+    return 0 if not survived and not broken else 1

@@ -1,0 +1,112 @@
+"""The C++ port under AddressSanitizer and UndefinedBehaviorSanitizer.
+
+``python -m conformance sanitize`` copies the tree into a scratch directory (the normal build in
+``cpu_impl/`` stays untouched), builds the extension there with ``SPECDIFF_CXXFLAGS`` =
+:data:`FLAGS`, and runs from inside that copy — its packages shadow any installed specdiff —
+with the ASan runtime preloaded into Python (which is not instrumented):
+
+1. the conformance suite on the C++ port (``conformance run --backend cpu``; the oracle judges);
+2. the malformed-input fuzz, with its guard regions off: every tensor is its own allocation, so
+   ASan sees any read or write outside one;
+3. the thread-count check, every parallel region forced onto the full team.
+
+A sanitizer report aborts the process (``halt_on_error``), so any finding fails the step; the
+output is scanned for reports as well. Leak checking is off: CPython's own allocations would drown
+it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
+REPORTS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer", "SUMMARY: UndefinedBehaviorSanitizer")
+
+
+def runtime(name: str = "libasan.so") -> str:
+    """The compiler's sanitizer runtime, to preload into an uninstrumented Python."""
+    cxx = os.environ.get("CXX", "g++")
+    path = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True, check=True).stdout.strip()
+    if not os.path.isabs(path) or not os.path.exists(path):
+        raise RuntimeError(f"{cxx} does not know where {name} is (got {path!r}); install the compiler's sanitizer runtime")
+    return os.path.realpath(path)
+
+
+def sanitizer_env(base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    # libstdc++ right after the ASan runtime: Python does not link it, and ASan must find the real
+    # __cxa_throw at start-up or the port's first exception (a ValueError for bad input) aborts.
+    env["LD_PRELOAD"] = " ".join(x for x in (runtime(), runtime("libstdc++.so"), env.get("LD_PRELOAD", "")) if x)
+    env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=0:" + env.get("ASAN_OPTIONS", "")
+    env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1:" + env.get("UBSAN_OPTIONS", "")
+    return env
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("sanitize", help="build the C++ port with ASan+UBSan in a scratch copy and run conformance, fuzz and threads under it")
+    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "ci"), choices=("dev", "ci", "nightly"))
+    p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    p.add_argument("--reports", default="reports", help="where the JSON and JUnit reports go")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(ns: argparse.Namespace) -> int:
+    from conformance.mutants import ROOT, Scratch
+
+    reports = Path(ns.reports).resolve()
+    reports.mkdir(parents=True, exist_ok=True)
+    s = Scratch(ROOT, Path(ns.scratch) if ns.scratch else None, ns.keep)
+    print(f"specdiff sanitize: {FLAGS}; scratch tree {s.dir}", flush=True)
+    try:
+        t = time.perf_counter()
+        s.env["SPECDIFF_CXXFLAGS"] = " ".join(x for x in (os.environ.get("SPECDIFF_CXXFLAGS", ""), FLAGS) if x)
+        built = s.build()
+        if built.returncode != 0:
+            print((built.stdout + built.stderr)[-4000:])
+            print("FAILED: the sanitizer build does not build")
+            return 1
+        print(f"  built with sanitizers in {time.perf_counter() - t:.0f} s", flush=True)
+        env = sanitizer_env(s.env)
+        kernels = [a for k in ns.kernel or [] for a in ("--kernel", k)]
+        steps = [
+            ("conformance", ["run", "--profile", ns.profile, "--backend", "cpu", "--no-require-coverage", *kernels,
+                             "--report", str(reports / "sanitize-conformance.json"), "--junit", str(reports / "sanitize-conformance.xml")]),
+            ("fuzz", ["fuzz", "--profile", ns.profile, *kernels, "--report", str(reports / "sanitize-fuzz.json"),
+                      "--junit", str(reports / "sanitize-fuzz.xml")]),
+            ("threads", ["threads", "--profile", ns.profile, *kernels, "--report", str(reports / "sanitize-threads.json"),
+                         "--junit", str(reports / "sanitize-threads.xml")]),
+        ]
+        failed = []
+        for name, args in steps:
+            t = time.perf_counter()
+            print(f"\n$ LD_PRELOAD={shlex.quote(env['LD_PRELOAD'])} python -m conformance {' '.join(args)}", flush=True)
+            done = subprocess.run([sys.executable, "-m", "conformance", *args], cwd=s.dir, env=env, capture_output=True, text=True)
+            out = done.stdout + done.stderr
+            lines = out.splitlines()
+            report = next((i for i, line in enumerate(lines) if any(r in line for r in REPORTS)), None)
+            if report is not None:  # the sanitizer's own report: what, where, and the first frames
+                print("\n".join(lines[max(0, report - 8) : report + 30]), flush=True)
+            print(out[-2500:] if done.returncode else "\n".join(out.strip().splitlines()[-3:]), flush=True)
+            found = [line for line in lines if any(r in line for r in REPORTS)]
+            verdict = "clean" if done.returncode == 0 and not found else f"FAILED (exit {done.returncode})"
+            print(f"  {name} under ASan+UBSan: {verdict} in {time.perf_counter() - t:.0f} s", flush=True)
+            if verdict != "clean":
+                failed.append(name)
+                for line in found[:5]:
+                    print(f"    {line}")
+    finally:
+        s.close()
+    if failed:
+        print(f"\nFAILED under sanitizers: {', '.join(failed)}")
+        return 1
+    print("\nsanitizers: conformance, fuzz and threads clean")
+    return 0

@@ -1,0 +1,23 @@
+"""`nox -s gate -- BASE_REF`: changed files map to the kernels they can affect."""
+
+from __future__ import annotations
+
+from conformance import gate, kernels
+
+REJECTION = {n for n, s in kernels.SPECS.items() if s.family == "rejection"}
+
+
+def test_a_family_file_touches_its_family_only():
+    assert set(gate.kernels_touched(["csrc/rejection.cpp"])) == REJECTION
+    assert set(gate.kernels_touched(["tests/test_rejection.py"])) == REJECTION
+
+
+def test_shared_files_touch_everything_and_docs_nothing():
+    assert set(gate.kernels_touched(["conformance/contract.py"])) == set(kernels.SPECS)
+    assert gate.kernels_touched(["README.md", "conformance/mutants.toml"]) == {}
+
+
+def test_a_helper_touches_the_families_that_use_it():
+    touched = gate.kernels_touched(["conformance/kernels/_checks.py"])
+    users = {s.family for n, s in kernels.SPECS.items() if n in touched}
+    assert users and "rejection" not in users  # the metadata families import it, the rejection family does not
