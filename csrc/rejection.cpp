@@ -37,7 +37,9 @@ std::int64_t check_rows(const char* kernel, const Buffer& out, const C* cu, std:
                         std::int64_t* max_count) {
   if (max_spec_len < 0) fail(kernel, "max_spec_len", "must be >= 0, got " + std::to_string(max_spec_len));
   const std::int64_t t = check_cumulative(kernel, "cu_num_draft_tokens_ptr", cu, b);
-  need_len(kernel, "output_token_ids_ptr", out, b * (max_spec_len + 1));
+  if (max_spec_len == std::numeric_limits<std::int64_t>::max())
+    fail(kernel, "max_spec_len", "must be < 2**63 - 1 (the row stride is max_spec_len + 1)");
+  need_len(kernel, "output_token_ids_ptr", out, b, max_spec_len + 1);
   need_len(kernel, "draft_token_ids_ptr", draft, t);
   need_len(kernel, "bonus_token_ids_ptr", bonus, b);
   if (is_greedy.present()) need_len(kernel, "is_greedy_ptr", is_greedy, b);
@@ -127,8 +129,8 @@ void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
     const std::int64_t t = check_rows(kRandom, out, cu.as<C>(), b, draft, bonus, is_greedy, false, max_spec_len, &most);
     need_len(kRandom, "uniform_probs_ptr", uniform, t);
     need_len(kRandom, "recovered_token_ids_ptr", recovered, t);
-    need_len(kRandom, "target_probs_ptr", target_probs, t * vocab_size);
-    if (!no_draft_probs) need_len(kRandom, "draft_probs_ptr", draft_probs, t * vocab_size);
+    need_len(kRandom, "target_probs_ptr", target_probs, t, vocab_size);
+    if (!no_draft_probs) need_len(kRandom, "draft_probs_ptr", draft_probs, t, vocab_size);
     if (synthetic) need_len(kRandom, "synthetic_conditional_rates_ptr", rates, most);
     const Cumulative<C> c{cu.as<C>()};
     const bool* g = is_greedy.as<bool>();
@@ -424,9 +426,9 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
     const std::int64_t t = check_cumulative(kRecovered, "cu_num_draft_tokens_ptr", cu.as<C>(), b);
     need_len(kRecovered, "output_token_ids_ptr", out, t);
     need_len(kRecovered, "draft_token_ids_ptr", draft, t);
-    need_len(kRecovered, "target_probs_ptr", target_probs, t * vocab_size);
-    if (!no_draft_probs) need_len(kRecovered, "draft_probs_ptr", draft_probs, t * vocab_size);
-    need_len(kRecovered, "inv_q_ptr", inv_q, b * vocab_size);
+    need_len(kRecovered, "target_probs_ptr", target_probs, t, vocab_size);
+    if (!no_draft_probs) need_len(kRecovered, "draft_probs_ptr", draft_probs, t, vocab_size);
+    need_len(kRecovered, "inv_q_ptr", inv_q, b, vocab_size);
     if (t == 0) return;
     const Cumulative<C> c{cu.as<C>()};
     with_int(kRecovered, "draft_token_ids_ptr", draft.dtype, [&](auto d_) {
