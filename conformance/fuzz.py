@@ -458,7 +458,7 @@ def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Pat
     return True
 
 
-MEMORY_LIMIT = 8 << 30  # bytes of address space while fuzzing (not under ASan, which maps terabytes of shadow)
+MEMORY_LIMIT = 8 << 30  # more bytes of address space while fuzzing (not under ASan, which maps terabytes of shadow)
 EXAMPLE_SECONDS = 20  # one malformed example's wall-clock budget (Python-level hangs)
 
 
@@ -474,7 +474,11 @@ def bounded() -> Iterator[None]:
     limited = not asan_active() and hasattr(resource, "RLIMIT_AS")
     if limited:
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
+        cap = _address_space() + MEMORY_LIMIT  # on top of what the process has mapped already
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        if soft != resource.RLIM_INFINITY:
+            cap = min(cap, soft)
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     old = signal.signal(signal.SIGALRM, _alarm)
     try:
@@ -484,6 +488,14 @@ def bounded() -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
         if limited:
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _address_space() -> int:
+    """Bytes of address space this process has mapped (0 where /proc is missing)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _alarm(signum: int, frame: Any) -> None:
