@@ -272,6 +272,7 @@ def gate_mark(backend: str) -> tuple[Any, ...]:
 
 # -- timing -----------------------------------------------------------------------------------------------------
 _EVICT: torch.Tensor | None = None
+_EVICT_RATES: list[float] = []  # read rate of each eviction since the last timed() began its rounds
 
 
 def evict_caches() -> None:
@@ -286,6 +287,7 @@ def evict_caches() -> None:
     t0 = time.perf_counter()
     torch.dot(_EVICT[:half], _EVICT[half:])
     rate = half * 8 / (time.perf_counter() - t0) / 1e9
+    _EVICT_RATES.append(rate)
     r = roofline_now()
     if rate > r.read_gbps:
         r.read_gbps = rate
@@ -314,6 +316,7 @@ def timed(
         evict_caches()
         evict = time.perf_counter() - t0
         rounds = int(max(3, min(max_rounds, budget_s / (once + evict))))
+        _EVICT_RATES.clear()  # from here on, one eviction right before each timed round
         benchmark.pedantic(call, setup=evict_caches, rounds=rounds, iterations=1, warmup_rounds=0)
         return
     iterations = max(1, min(1000, int(2e-4 / once)))
@@ -368,6 +371,12 @@ def record(
         # roofline applies to them.
         info["cache"] = "cold" if cold else "warm"
         info["cache_resident"] = not cold and working_set < 4 * llc_bytes()
+        if cold and _EVICT_RATES and len(_EVICT_RATES) == len(benchmark.stats.stats.data):
+            # Each round against the read rate measured right before it: on a machine whose memory
+            # bandwidth other tenants share, the pair sees the same contention.
+            paired = sorted(nbytes / t / 1e9 / rate for t, rate in zip(benchmark.stats.stats.data, _EVICT_RATES))
+            info["paired_read_fraction_median"] = paired[len(paired) // 2]
+            info["paired_read_fraction_best"] = paired[-1]
         if mode == "compiled" and "gpu_read" in roofline.detail:
             info["roofline_read_gbps"] = roofline.detail["gpu_read"]
             info["of_read_roofline"] = info["gbps"] / roofline.detail["gpu_read"]
