@@ -21,6 +21,9 @@ READ_FRACTION = 0.85
 SMALL_SPEEDUP = 10.0
 WRAPPER_US = 10.0
 SCALING = {2: 1.8, 16: 6.0}  # threads -> speed-up over one thread, at 1 request x 8 drafts x 152k
+# The issue's "small kernels" (greedy, expand, Eagle preparation): the 10x and wrapper targets.
+SMALL_KERNELS = {"rejection_greedy_sample_kernel", "expand_kernel", "eagle_prepare_inputs_padded_kernel",
+                 "eagle_prepare_next_token_padded_kernel"}
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -120,10 +123,12 @@ def targets(machine: dict[str, Any], rows: list[dict[str, Any]], oracle: dict[tu
                            f"({_t(r['min_s'])} vs {_t(o)}) | {'met' if s >= SMALL_SPEEDUP else 'NOT met'} |")
     for r in rows:
         if r.get("test") == "test_launch_overhead":
+            # The issue's wrapper target is the small kernels'; K2's and K4's are reported beside it.
+            small = r["kernel"] in SMALL_KERNELS
             w = r["wrapper_us"]
-            out.append(f"| launch wrapper of {r['kernel']}: < {WRAPPER_US:.0f} us per call | {w:.1f} us "
-                       f"({r['us_wrapped']:.1f} us wrapped, {r['us_c_entry']:.1f} us bare C++ entry) | "
-                       f"{'met' if w < WRAPPER_US else 'NOT met'} |")
+            verdict = ("met" if w < WRAPPER_US else "NOT met") if small else "- (no target: not a small kernel)"
+            out.append(f"| launch wrapper of {r['kernel']}: {f'< {WRAPPER_US:.0f} us per call' if small else 'per call'} | "
+                       f"{w:.1f} us ({r['us_wrapped']:.1f} us wrapped, {r['us_c_entry']:.1f} us bare C++ entry) | {verdict} |")
     scal = [r for r in rows if r.get("scaling")]
     if scal:
         ok = all(r.get("validated") for r in scal)
