@@ -136,6 +136,9 @@ def bench(session: nox.Session) -> None:
     path = f"{BENCH_OUT}/bench.json"
     session.run(*BENCH_PYTEST, f"--benchmark-json={path}", *args)
     session.run("python", "benchmarks/report.py", path)
+    # On a GPU: do_bench medians of the compiled kernels against the device-copy roofline (docs/gpu.md);
+    # it prints that it skipped where no GPU is present.
+    session.run("python", "benchmarks/gpu.py", "--out", f"{BENCH_OUT}/gpu")
 
 
 # -- the harness's checks of itself (issue 5) -----------------------------------------------------------
