@@ -29,7 +29,7 @@ import torch
 from conformance import kernels
 from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import KernelSpec, Role
-from conformance.runner import poison_value
+from conformance.runner import _bits, poison_value
 
 # Time one benchmark may take (its warm-up, then the timed rounds), by sweep.
 BUDGET_S = {"quick": 1.0, "full": 2.0}
@@ -222,14 +222,6 @@ def require_memory(nbytes: int, what: str) -> None:
     avail = mem_available()
     if nbytes > 0.6 * avail:
         pytest.skip(f"{what} needs ~{nbytes / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available")
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype == torch.float32:
-        return t.view(torch.int32)
-    if t.dtype == torch.float64:
-        return t.view(torch.int64)
-    return t
 
 
 def assert_same(name: str, got: torch.Tensor, want: torch.Tensor, what: str) -> None:
