@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -104,13 +105,20 @@ def thread_counts() -> list[int]:
 
 
 def build_shim(directory: str | os.PathLike[str] | None = None) -> Path:
-    """Compiles :data:`SHIM` (about a second); returns the shared library's path."""
-    directory = Path(directory or tempfile.mkdtemp(prefix="specdiff-shim-"))
-    directory.mkdir(parents=True, exist_ok=True)
-    src, lib = directory / "force_parallel.c", directory / "libspecdiff_force_parallel.so"
-    src.write_text(SHIM)
+    """Compiles :data:`SHIM` (about a second) once per source and compiler into a shared cache
+    directory (or ``directory``); returns the shared library's path."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
+    key = hashlib.sha256(f"{cc}\0{SHIM}".encode()).hexdigest()[:16]
+    directory = Path(directory or Path(tempfile.gettempdir()) / f"specdiff-shim-{key}")
+    lib = directory / "libspecdiff_force_parallel.so"
+    if lib.exists():
+        return lib
+    directory.mkdir(parents=True, exist_ok=True)
+    src, tmp = directory / f"force_parallel.{os.getpid()}.c", directory / f".{os.getpid()}.so"
+    src.write_text(SHIM)
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(src), "-ldl"], check=True)
+    os.replace(tmp, lib)  # atomic: concurrent runs never load a half-written library
+    src.unlink()
     return lib
 
 
