@@ -64,10 +64,10 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
     fail(kDflash, "num_speculative_tokens",
          "must be num_query_per_req - 1 = " + std::to_string(Q - 1) + ", got " + std::to_string(K));
   const std::vector<std::int64_t> next = load_ints(kDflash, "next_token_ids_ptr", next_token_ids, b);
-  need_len(kDflash, "out_input_ids_ptr", out_input_ids, b * Q);
-  need_len(kDflash, "out_query_positions_ptr", out_query_positions, b * Q);
-  need_len(kDflash, "out_query_slot_mapping_ptr", out_query_slot_mapping, b * Q);
-  need_len(kDflash, "out_token_indices_ptr", out_token_indices, b * K);
+  need_len(kDflash, "out_input_ids_ptr", out_input_ids, b, Q);
+  need_len(kDflash, "out_query_positions_ptr", out_query_positions, b, Q);
+  need_len(kDflash, "out_query_slot_mapping_ptr", out_query_slot_mapping, b, Q);
+  need_len(kDflash, "out_token_indices_ptr", out_token_indices, b, K);
   need_at_least(kDflash, "block_size", block_size, 1);
   need_at_least(kDflash, "block_table_stride", stride, 1);
   need_rows(kDflash, "block_table_ptr", block_table, b, stride, stride);

@@ -189,12 +189,17 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
   const std::vector<std::int64_t> next = load_ints(kExpand, "next_token_ids_ptr", next_token_ids, b);
   need_at_least(kExpand, "num_padding_slots_per_request", P, 1);
   const std::int64_t net_new = P - (shift_input_ids ? 1 : 0);
-  const std::int64_t n_out = qsl[b] + b * net_new;
+  // A huge P must not wrap the output length to one a short buffer passes (the fuzz's 2**62).
+  std::int64_t grown = 0, n_out = 0;
+  if (__builtin_mul_overflow(b, net_new, &grown) || __builtin_add_overflow(qsl[b], grown, &n_out))
+    fail(kExpand, "out_input_ids_ptr",
+         "must hold query_start_loc[-1] + " + std::to_string(b) + " * " + std::to_string(net_new) +
+             " elements, more than any buffer, has " + std::to_string(out_input_ids.numel));
   need_len(kExpand, "out_input_ids_ptr", out_input_ids, n_out);
   need_len(kExpand, "out_positions_ptr", out_positions, n_out);
   need_len(kExpand, "out_is_rejected_token_mask_ptr", out_is_rejected_token_mask, n_out);
   need_len(kExpand, "out_is_masked_token_mask_ptr", out_is_masked_token_mask, n_out);
-  need_len(kExpand, "out_new_token_indices_ptr", out_new_token_indices, b * P);
+  need_len(kExpand, "out_new_token_indices_ptr", out_new_token_indices, b, P);
   if (shift_input_ids) need_len(kExpand, "out_hidden_state_mapping_ptr", out_hidden_state_mapping, qsl[b]);
   need_power_of_two(kExpand, "BLOCK_SIZE_TOKENS", block_size_tokens);
   // The first position of each request: positions are never shifted (C24).

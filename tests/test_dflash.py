@@ -141,6 +141,8 @@ def test_conformance(case):
         (dict(query_start_loc_ptr=i32([0, 4, 3])), ValueError, "query_start_loc_ptr"),
         (dict(out_query_slot_mapping_ptr=poisoned(5, I64)), ValueError, "out_query_slot_mapping_ptr"),
         (dict(BLOCK_SIZE=12), ValueError, "BLOCK_SIZE"),
+        # b * Q wraps int64 (as K8's b * P crashed the fuzz): refused, not wrapped to a small length
+        (dict(num_query_per_req=2**62, num_speculative_tokens=2**62 - 1), ValueError, "out_input_ids_ptr"),
     ],
 )
 def test_invalid(backend, change, error, param):

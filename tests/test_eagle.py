@@ -362,6 +362,8 @@ def test_next_token_invalid(backend, field, value, error, param):
         ("total_input_tokens", 6, "total_input_tokens"),
         ("out_input_ids_ptr", poisoned(12), "out_input_ids_ptr"),
         ("num_padding_slots_per_request", 0, "num_padding_slots_per_request"),
+        # b * P wraps int64: the output length must not wrap to one the buffer passes (a fuzz crash)
+        ("num_padding_slots_per_request", 2**62, "out_input_ids_ptr"),
     ],
 )
 def test_copy_expand_invalid(backend, field, value, param):
