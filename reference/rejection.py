@@ -86,7 +86,12 @@ def rejection_random_sample_kernel(
     if SYNTHETIC_MODE:
         pos_in_row = torch.arange(n_tokens) - torch.repeat_interleave(starts(cu), counts(cu))
         rates = synthetic_conditional_rates_ptr.to(torch.float64)
-        accept = (u < rates[pos_in_row]) & (d >= 0)  # strict; float64 against the widened rate (C7, C8)
+        # Greedy rows' tokens are never decided here, and the contract sizes the rates for the
+        # processed rows only: a greedy row may be longer than the rates.
+        read = pos_in_row < rates.numel()
+        accept = torch.zeros(n_tokens, dtype=torch.bool)
+        # strict; float64 against the widened rate (C7, C8)
+        accept[read] = (u[read] < rates[pos_in_row[read]]) & (d[read] >= 0)
     else:
         col = d.clamp(0, vocab_size - 1)  # negative drafts are rejected below without their value mattering
         rows = torch.arange(n_tokens)

@@ -43,18 +43,29 @@ def holds(t: torch.Tensor, flat: torch.Tensor, width: int = 1) -> torch.Tensor:
     rows, cols, stride = geometry(t)
     if rows == 0 or cols == 0:
         return torch.zeros_like(flat, dtype=torch.bool)
+    # Written so that nothing wraps in int64: flat may be as large as 2**63 - 1 (a huge stride).
     if stride <= cols:  # the runs touch: the elements are [0, span)
-        return (flat >= 0) & (flat + width <= (rows - 1) * stride + cols)
+        return (flat >= 0) & (flat <= (rows - 1) * stride + cols - width)
     row = flat.div(stride, rounding_mode="floor")
-    return (flat >= 0) & (row < rows) & (flat + width <= row * stride + cols)
+    return (flat >= 0) & (row < rows) & (flat - row * stride <= cols - width)
 
 
 def require_rows(kernel: str, name: str, t: torch.Tensor, rows: int, stride: int, width: int) -> None:
     """Every flat index ``r * stride + c`` with ``r < rows`` and ``c < width`` is an element of ``t``."""
     if rows > 0 and width > 0:
-        ok = holds(t, torch.arange(rows, dtype=torch.int64) * stride, width)
-        if not ok.all():
-            r = int((~ok).nonzero()[0])
+        # The first row outside the tensor's span, in Python ints (r * stride may not fit int64);
+        # then, with every row inside it, the first that starts in a gap between the tensor's rows.
+        limit = span(t) - width  # the last flat index a row may start at
+        if limit < 0:
+            r = 0
+        elif stride < 0 and rows > 1:
+            r = 1
+        elif stride > 0 and (rows - 1) * stride > limit:
+            r = limit // stride + 1
+        else:
+            ok = holds(t, torch.arange(rows, dtype=torch.int64) * stride, width)
+            r = int((~ok).nonzero()[0]) if not ok.all() else -1
+        if r >= 0:
             raise ValueError(f"{kernel}: '{name}' must hold row {r}'s {width} elements at flat index {r * stride} (row stride {stride}), shape {tuple(t.shape)}")
 
 
