@@ -36,7 +36,6 @@ from harness import (
     timed,
 )
 
-from conformance import kernels
 from conformance.compositions import SamplingMetadata, rejection_sample
 
 VOCABS = {"32k": 32000, "128k": 128256, "152k": 151936, "256k": 256000}
@@ -291,28 +290,23 @@ def test_launch_overhead(benchmark, kernel):
         "sample_recovered_tokens_kernel": lambda: recovered_case(1, 1, 64, "f32"),
     }[kernel]()
     k = getattr(cpu, kernel)
-    bound = k.spec.bind((), case.args)
     args, grid = case.args, case.grid
+    converted = k.convert(k.spec.bind((), args))
+    entry = k.entry()
 
     def wrapped() -> None:
         k[grid](**args)
 
     def bare() -> None:
-        k._compute(bound)  # buffer conversion + the C++ call, no bind or checks
+        entry(*converted)  # the C++ call alone, on arguments converted once
 
     with omp_threads(1):
         timed(benchmark, wrapped, 0.5)
-        bare_s = _best_of(bare)
         wrapped_s = _best_of(wrapped)
-        from cpu_impl.launcher import buf
-
-        bufs = [buf(v) if isinstance(v, torch.Tensor) or v is None else v for v in bound.values()]
-        entry = _entry(kernel)
-        c_s = _best_of(lambda: entry(*_order(kernel, bufs)))
+        c_s = _best_of(bare)
     info = benchmark.extra_info
     info.update(kernel=kernel, backend="cpu", mode="launch overhead", threads=1, B=1, N=case.sizes["N"], V=case.sizes["V"])
     info["us_wrapped"] = wrapped_s * 1e6
-    info["us_bare_compute"] = bare_s * 1e6
     info["us_c_entry"] = c_s * 1e6
     info["wrapper_us"] = (wrapped_s - c_s) * 1e6
     benchmark.group = "launch overhead"
@@ -326,21 +320,3 @@ def _best_of(fn: Any, n: int = 2000, repeat: int = 5) -> float:
             fn()
         best = min(best, (time.perf_counter() - t0) / n)
     return best
-
-
-def _entry(kernel: str) -> Any:
-    from cpu_impl import _C
-
-    return {
-        "rejection_greedy_sample_kernel": _C.rejection.rejection_greedy_sample,
-        "expand_kernel": _C.rejection.expand,
-        "rejection_random_sample_kernel": _C.rejection.rejection_random_sample,
-        "sample_recovered_tokens_kernel": _C.rejection.sample_recovered_tokens,
-    }[kernel]
-
-
-def _order(kernel: str, values: list[Any]) -> list[Any]:
-    """Bound values in parameter order as the C++ entry takes them (constexpr flags as bools)."""
-    spec = kernels.get(kernel)
-    return [bool(v) if p.name.isupper() and p.name != "MAX_NUM_TOKENS" and p.name != "BLOCK_SIZE" else v
-            for p, v in zip(spec.params, values)]

@@ -6,34 +6,10 @@ vLLM registers overrides of this kernel as ``vllm.v1.worker.block_table.ComputeS
 
 from __future__ import annotations
 
-from conformance.contract import Args
 from conformance.kernels import slot_mapping as contracts
-from cpu_impl import _C
-from cpu_impl.eagle import strided_buf
-from cpu_impl.launcher import CpuKernel, buf
+from cpu_impl.launcher import CpuKernel
 
-_cpp = _C.slot_mapping
-
-
-def _slots(a: Args) -> None:
-    _cpp.compute_slot_mapping(
-        a["num_tokens"],
-        a["max_num_tokens"],
-        buf(a["query_start_loc_ptr"]),
-        buf(a["positions_ptr"]),
-        strided_buf(a["block_table_ptr"]),
-        a["block_table_stride"],
-        buf(a["slot_mapping_ptr"]),
-        a["KV_CACHE_BLOCK_SIZE"],
-        a["TOTAL_CP_WORLD_SIZE"],
-        a["TOTAL_CP_RANK"],
-        a["CP_KV_CACHE_INTERLEAVE_SIZE"],
-        a["PAD_ID"],
-        a["BLOCK_SIZE"],
-    )
-
-
-compute_slot_mapping_kernel = CpuKernel(contracts.COMPUTE_SLOT_MAPPING, _slots)
+compute_slot_mapping_kernel = CpuKernel(contracts.COMPUTE_SLOT_MAPPING)
 
 
 class ComputeSlotMappingKernel:
