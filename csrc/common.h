@@ -18,6 +18,10 @@ namespace specdiff {
 
 namespace py = pybind11;
 
+// Rows of a small per-request kernel (a few loads and stores each) below which OpenMP's fork and
+// join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
+constexpr std::int64_t kParallelSmallRows = 16384;
+
 // Must match cpu_impl/launcher.py.
 enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4 };
 

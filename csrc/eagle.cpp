@@ -20,7 +20,8 @@ constexpr const char* kInputs = "eagle_prepare_inputs_padded_kernel";
 constexpr const char* kNextToken = "eagle_prepare_next_token_padded_kernel";
 constexpr const char* kExpand = "copy_and_expand_eagle_inputs_kernel";
 
-// Rows are independent; below this many, thread start-up costs more than the work.
+// K5's rows read a block table entry each (a cache miss, as K2's); K6 and K7 only touch small
+// arrays and go parallel at kParallelSmallRows (at 256 rows the fork and join was half of K6's time).
 constexpr std::int64_t kParallelRows = 256;
 
 void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std::int64_t block_table_stride,
@@ -99,7 +100,7 @@ void eagle_prepare_inputs_padded(Buffer cu_num_draft_tokens, Buffer valid_sample
       I* indices = token_indices_to_sample.as<I>();
       J* rejected_out = num_rejected_tokens.as<J>();
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (n >= kParallelRows) schedule(static)
+#pragma omp parallel for if (n >= kParallelSmallRows) schedule(static)
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t num_drafts = r == 0 ? cu[0] : cu[r] - cu[r - 1];  // cu[-1] is never read (C1)
         // No drafts, no rejections; otherwise unclamped, even if negative (C19).
@@ -139,7 +140,7 @@ void eagle_prepare_next_token_padded(Strided sampled_token_ids, Buffer discard_r
         T* next = next_token_ids.as<T>();
         C* count_out = valid_sampled_tokens_count.as<C>();
         py::gil_scoped_release nogil;
-#pragma omp parallel for if (n >= kParallelRows) schedule(static)
+#pragma omp parallel for if (n >= kParallelSmallRows) schedule(static)
         for (std::int64_t r = 0; r < n; ++r) {
           if (discard[r]) {  // the backup and a count of 0; the sampled row is not read (C20)
             next[r] = static_cast<T>(backup[r]);

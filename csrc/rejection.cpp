@@ -20,10 +20,9 @@ constexpr const char* kRandom = "rejection_random_sample_kernel";
 constexpr const char* kExpand = "expand_kernel";
 constexpr const char* kRecovered = "sample_recovered_tokens_kernel";
 
-// Rows are independent; below this many, thread start-up costs more than the work. K2 gathers one
-// probability per draft from [T, V] rows (a cache miss each), K1 and K3 only touch small arrays.
+// Rows are independent. K2 gathers one probability per draft from [T, V] rows (a cache miss each),
+// so it goes parallel far sooner than K1 and K3, which only touch small arrays (kParallelSmallRows).
 constexpr std::int64_t kParallelRows = 256;
-constexpr std::int64_t kParallelSmallRows = 16384;
 
 // Rows a rejection kernel processes: is_greedy[r] == want, or every row without a mask.
 inline bool processes(const bool* is_greedy, std::int64_t r, bool want) {
