@@ -176,6 +176,16 @@ def measure_roofline(nbytes: int | None = None) -> Roofline:
     )
 
 
+def same_bytes_read_gbps(nbytes: int, threads: int) -> float:
+    """The machine's own read rate for a working set of ``nbytes``, repeated as a warm kernel call
+    repeats it: torch's dot product of a buffer's halves at ``threads`` threads. Beside a kernel's
+    thread scaling it tells what the cache (or memory) level holding those bytes allows any reader."""
+    x = torch.rand(max(nbytes // 4, 2))
+    half = x.numel() // 2
+    with omp_threads(threads):
+        return _best_rate(lambda: torch.dot(x[:half], x[half : 2 * half]), half * 8, repeats=200)
+
+
 _ROOFLINE: Roofline | None = None
 
 

@@ -32,6 +32,7 @@ from harness import (
     omp_threads,
     record,
     require_memory,
+    same_bytes_read_gbps,
     thread_counts,
     timed,
 )
@@ -229,6 +230,7 @@ def test_sample_recovered_threads(benchmark, request, roofline, B, N, V, threads
     case = recovered_case(B, N, V, "f32")
     bench_kernel(benchmark, request.config, case, "cpu", roofline, threads=threads, bandwidth_bound=True)
     benchmark.extra_info["scaling"] = True
+    benchmark.extra_info["same_bytes_read_gbps"] = same_bytes_read_gbps(case.spec.bytes_moved(case.args), threads)
     benchmark.group = f"K4 threads B{B} N{N} V{V}"
 
 
