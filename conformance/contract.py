@@ -129,16 +129,10 @@ class KernelSpec:
     doc: str = ""
     _by_name: dict[str, Param] = field(init=False, repr=False)
     _names: tuple[str, ...] = field(init=False, repr=False)
-    _fast: tuple[tuple[Any, ...], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._names = tuple(p.name for p in self.params)
         self._by_name = {p.name: p for p in self.params}
-        # check_types' plan for its fast path: dtypes as ids (torch.dtype's == and hash are slow).
-        self._fast = tuple(
-            (p.name, p.kind, p.optional, p.int_zero, frozenset(map(id, p.dtypes)), p.contiguous, p.ndim, p.name.isupper())
-            for p in self.params
-        )
 
     # -- introspection -------------------------------------------------------------------
     @property
@@ -202,8 +196,6 @@ class KernelSpec:
         """
         if device is None:
             device = next((v.device.type for v in a.values() if isinstance(v, torch.Tensor)), "cpu")
-        if self._types_ok(a, device):
-            return
         for p in self.params:
             v = a[p.name]
             if p.kind is Kind.PTR:
@@ -237,42 +229,6 @@ class KernelSpec:
         for f in self.flags:
             if bool(a[f.constexpr]) != f.expect(a[f.tensor]):
                 raise ValueError(f"{self.name}: '{f.constexpr}' must be {f.meaning}")
-
-    def _types_ok(self, a: Mapping[str, Any], device: str) -> bool:
-        """check_types' verdict without its messages, cheap enough for every CPU launch (a few
-        microseconds); on False, check_types' own loop finds the violation and words it."""
-        cpu = device == "cpu"
-        tensor = torch.Tensor
-        for name, kind, optional, int_zero, dtype_ids, contiguous, ndim, upper in self._fast:
-            v = a[name]
-            if kind is Kind.PTR:
-                if v is None:
-                    if not optional:
-                        return False
-                    continue
-                if int_zero and isinstance(v, int) and not isinstance(v, bool) and v == 0:
-                    continue
-                if not isinstance(v, tensor) or id(v.dtype) not in dtype_ids:
-                    return False
-                if not (v.is_cpu if cpu else v.device.type == device):
-                    return False
-                dim = v.dim()
-                if dim not in ndim:
-                    return False
-                if contiguous:
-                    if not v.is_contiguous():
-                        return False
-                elif dim and v.stride(-1) != 1:
-                    return False
-            elif kind is Kind.CONSTEXPR and upper:
-                if not isinstance(v, (bool, int)):
-                    return False
-            elif isinstance(v, tensor) or not isinstance(v, (int, bool)):
-                return False
-        for f in self.flags:
-            if bool(a[f.constexpr]) != f.expect(a[f.tensor]):
-                return False
-        return True
 
     def check(self, a: Mapping[str, Any], device: str | None = "cpu") -> None:
         """The whole contract: types, then the kernel's value-level preconditions."""
