@@ -29,7 +29,7 @@ import torch
 from conformance import kernels
 from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import KernelSpec, Role
-from conformance.runner import _bits, poison_value
+from conformance.runner import _bits, _copy_args, poison_value
 
 # Time one benchmark may take (its warm-up, then the timed rounds), by sweep.
 BUDGET_S = {"quick": 1.0, "full": 2.0}
@@ -449,7 +449,7 @@ def bench_kernel(
     device = b.device()
     poison(case)
     initial = snapshot(case.args, case.spec)
-    args = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in case.args.items()} if device != "cpu" else case.args
+    args = _copy_args(case.args, device) if device != "cpu" else case.args  # strides and aliasing kept
     launch = (lambda: kernel(**args)) if b.gridless else (lambda: kernel[case.grid](**args))
     sync = torch.cuda.synchronize if device == "cuda" else None
     n = threads or cores()

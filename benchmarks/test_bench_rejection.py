@@ -32,6 +32,7 @@ from harness import (
     omp_threads,
     record,
     require_memory,
+    run_oracle,
     same_bytes_read_gbps,
     thread_counts,
     timed,
@@ -205,8 +206,6 @@ def test_sample_recovered(benchmark, request, roofline, B, N, V, dtype, backend)
 def _validate_recovered_rows(case: Case, outputs: dict[str, torch.Tensor]) -> None:
     """Re-validation of a large K4 launch on a sample of requests (first, middle, last): each
     request's recovered tokens depend only on its own rows, so the slice is an exact check."""
-    from harness import run_oracle
-
     a = case.args
     b = a["cu_num_draft_tokens_ptr"].numel()
     n = case.sizes["N"]
@@ -270,8 +269,7 @@ def test_rejection_sample(benchmark, request, roofline, B, N, V, backend):
     k4 = recovered_case(B, N, V, "f32")
     k2 = random_case(B, N, V)
     nbytes = 2 * t * V * 4 + 2 * B * V * 4 + k4.spec.bytes_moved(k4.args) + k2.spec.bytes_moved(k2.args)
-    case = Case("rejection_random_sample_kernel", k2.args, (B,), dict(B=B, N=N, V=V, dtype="f32"))
-    record(benchmark, case, backend, "composition", cores() if backend == "cpu" else None, roofline, nbytes=nbytes)
+    record(benchmark, k2, backend, "composition", cores() if backend == "cpu" else None, roofline, nbytes=nbytes)
     benchmark.extra_info["kernel"] = "rejection_sample"
     if backend != "reference":
         want = rejection_sample(draft, [N] * B, N, cu, q, logits, bonus, meta, backend="reference", uniform=uniform, noise=noise)

@@ -25,6 +25,7 @@ from hypothesis import Phase, given, settings
 
 from conformance import kernels
 from conformance.backends import BACKENDS, ORACLE
+from conformance.profiles import PROFILES
 from conformance.runner import Disagreement, load_case, replay_command, run_case, save_case
 
 BUILT_IN = ("reference", "triton", "cpu")
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every kernel's Hypothesis cases through every backend")
-    run.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=("dev", "ci", "nightly"))
+    run.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
     run.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     run.add_argument("--backend", action="append", help="only this backend (repeatable; the oracle always runs)")
     run.add_argument("--seed", type=int, help="Hypothesis seed (printed when a profile is not derandomized)")
@@ -286,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     for tool in TOOLS:  # the harness's checks of itself: each module adds its own subcommand
         importlib.import_module(f"conformance.{tool}").add_parser(sub)
     ns = parser.parse_args(argv)
-    import conformance.profiles  # noqa: F401  (registers the profiles)
-
     return ns.func(ns)
 
 

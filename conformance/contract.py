@@ -13,6 +13,7 @@ import enum
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -39,22 +40,23 @@ REQUIRED = _NoDefault()
 
 INT = (torch.int32, torch.int64)
 
-# Keyword-only options of a Triton launch (§1.9): accepted and ignored by every CPU launcher.
-LAUNCH_OPTIONS = frozenset(
+# Keyword-only options of a Triton launch (§1.9), each with a plausible value (the signature
+# gate launches with all of them): accepted and ignored by every CPU launcher.
+LAUNCH_OPTIONS: Mapping[str, Any] = MappingProxyType(
     {
-        "num_warps",
-        "num_stages",
-        "num_ctas",
-        "maxnreg",
-        "enable_fp_fusion",
-        "launch_cooperative_grid",
-        "launch_pdl",
-        "num_buffers_warp_spec",
-        "num_consumer_groups",
-        "reg_dec_producer",
-        "reg_inc_consumer",
-        "debug",
-        "sanitize_overflow",
+        "num_warps": 4,
+        "num_stages": 2,
+        "num_ctas": 1,
+        "maxnreg": None,
+        "enable_fp_fusion": False,
+        "launch_cooperative_grid": False,
+        "launch_pdl": False,
+        "num_buffers_warp_spec": 0,
+        "num_consumer_groups": 0,
+        "reg_dec_producer": 0,
+        "reg_inc_consumer": 0,
+        "debug": False,
+        "sanitize_overflow": False,
     }
 )
 

@@ -22,15 +22,16 @@ from typing import Any
 import torch
 
 from conformance.contract import counts
+from conformance.kernels import rejection
 from conformance.kernels._checks import flat_view
+from conformance.kernels.eagle import K5, K6, K7
+from conformance.kernels.slot_mapping import K10
 from conformance.runner import poison_value
 
 Args = Mapping[str, Any]
 Outputs = Mapping[str, torch.Tensor]
 
-K1, K2, K3, K4 = "rejection_greedy_sample_kernel", "rejection_random_sample_kernel", "expand_kernel", "sample_recovered_tokens_kernel"
-K5, K6, K7 = "eagle_step_slot_mapping_metadata_kernel", "eagle_prepare_inputs_padded_kernel", "eagle_prepare_next_token_padded_kernel"
-K10 = "compute_slot_mapping_kernel"
+K1, K2, K3, K4 = (s.name for s in (rejection.REJECTION_GREEDY, rejection.REJECTION_RANDOM, rejection.EXPAND, rejection.SAMPLE_RECOVERED))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 from conformance import kernels
 from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import KernelSpec, Kind, Role
+from conformance.profiles import PROFILES
 from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run_case, save_case
 
 # Malformed launches per profile, over all kernels (each launched on every validating backend).
@@ -590,7 +591,7 @@ def replay(path: str) -> int:
 # -- command line ----------------------------------------------------------------------------------
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fuzz", help="malformed launches through every validating backend: clean TypeError/ValueError, no writes")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=("dev", "ci", "nightly"))
+    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
     p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     p.add_argument("--launches", type=int, help="malformed launches in all (default: dev 1,000, ci 5,000, nightly 50,000)")
     p.add_argument("--report", default="reports/fuzz.json")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import kernels
+from conformance.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parent.parent
 # Files whose change puts every kernel under the deep profile.
@@ -90,8 +91,8 @@ def kernels_touched(files: list[str]) -> dict[str, list[str]]:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("gate", help="nightly profile on the kernels whose files changed since BASE_REF, ci profile on the rest")
     p.add_argument("base", metavar="BASE_REF", help="the branch or commit to compare with (e.g. origin/main)")
-    p.add_argument("--deep", default="nightly", choices=("dev", "ci", "nightly"), help="profile for the changed kernels")
-    p.add_argument("--rest", default="ci", choices=("dev", "ci", "nightly"), help="profile for the other kernels")
+    p.add_argument("--deep", default="nightly", choices=PROFILES, help="profile for the changed kernels")
+    p.add_argument("--rest", default="ci", choices=PROFILES, help="profile for the other kernels")
     p.add_argument("--dry-run", action="store_true", help="only print which kernels get which profile")
     p.add_argument("--reports", default="reports")
     p.set_defaults(func=_cmd)

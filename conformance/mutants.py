@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.profiles import PROFILES
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -333,7 +335,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--catalogue", default=str(CATALOGUE))
     p.add_argument("--id", action="append", help="only this mutant (repeatable)")
     p.add_argument("--backend", action="append", help="only mutants of this backend (repeatable)")
-    p.add_argument("--profile", default="ci", choices=("dev", "ci", "nightly"))
+    p.add_argument("--profile", default="ci", choices=PROFILES)
     p.add_argument("--all-checks", action="store_true", help="run every check on every mutant (the full matrix), not just until the first kill")
     p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")

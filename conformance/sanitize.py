@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conformance.profiles import PROFILES
+
 FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
 REPORTS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer", "SUMMARY: UndefinedBehaviorSanitizer")
 
@@ -51,7 +53,7 @@ def sanitizer_env(base: dict[str, str]) -> dict[str, str]:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sanitize", help="build the C++ port with ASan+UBSan in a scratch copy and run conformance, fuzz and threads under it")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "ci"), choices=("dev", "ci", "nightly"))
+    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "ci"), choices=PROFILES)
     p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")

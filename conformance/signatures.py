@@ -37,22 +37,6 @@ from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import LAUNCH_OPTIONS, REQUIRED, KernelSpec, Kind
 from conformance.runner import Case, _bits, _copy_args
 
-# Plausible values of the launch options (§1.9); a drop-in accepts and ignores every one.
-OPTION_VALUES: dict[str, Any] = {
-    "num_warps": 4,
-    "num_stages": 2,
-    "num_ctas": 1,
-    "maxnreg": None,
-    "enable_fp_fusion": False,
-    "launch_cooperative_grid": False,
-    "launch_pdl": False,
-    "num_buffers_warp_spec": 0,
-    "num_consumer_groups": 0,
-    "reg_dec_producer": 0,
-    "reg_inc_consumer": 0,
-    "debug": False,
-    "sanitize_overflow": False,
-}
 UNKNOWN = "NOT_A_PARAMETER"
 
 
@@ -251,7 +235,7 @@ def _launch_forms(spec: KernelSpec, backend: Any, kernel: Any, case: Case) -> It
     if len(required) < len(names) and all(case.args[p.name] == p.default for p in spec.params if p.default is not REQUIRED):
         forms.append(("defaults-omitted", "trailing defaults omitted", lambda: _launch(backend, kernel, case, _names=required)))
     if not backend.gridless and not backend.name.startswith("triton"):  # Triton owns its options
-        options = {k: OPTION_VALUES.get(k) for k in sorted(LAUNCH_OPTIONS)}
+        options = dict(sorted(LAUNCH_OPTIONS.items()))
         forms.append(("launch-options", "every Triton launch option (accepted and ignored)",
                       lambda: _launch(backend, kernel, case, _names=names, **options)))
     reference = None

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conformance.profiles import PROFILES
+
 SHIM = r"""
 // Forces every OpenMP parallel region launched from cpu_impl._C onto the full team, and can hold
 // the team's master back so that the other threads run their iterations first.
@@ -195,7 +197,7 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
 
     from conformance import kernels
     from conformance.backends import BACKENDS
-    from conformance.runner import _key, _variants, run_backend, save_case
+    from conformance.runner import _key, _variants, save_case
     from conformance.strategies import cases
     from cpu_impl import _C
 
@@ -204,19 +206,14 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
         return {"status": "missing", "examples": 0, "message": f"cpu has no {kernel}"}
     tally = {"examples": 0}
     before = _shim_counters()
-
-    plan = schedules(counts) if _shim_counters() is not None else [(n, 0) for n in counts]
+    plan = _plan(counts, before is not None)
 
     @given(case=cases(kernel))
     def prop(case: Any) -> None:
         tally["examples"] += 1
         try:
             for variant in range(_variants(case.spec, case.args)):
-                outs = {}
-                for n, us in plan:
-                    _C.set_num_threads(n)
-                    _stagger(us)
-                    outs[(n, us)] = run_backend(backend, case, variant)
+                outs = _outputs(case, plan, variant)
                 if len({_key(o) for o in outs.values()}) > 1:
                     path = save_case(case)
                     raise ThreadDisagreement(f"{_describe(kernel, plan, outs)}\n  replay: python -m conformance threads --replay {path}")
@@ -243,19 +240,32 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
     return entry
 
 
-def replay(path: str, counts: list[int]) -> int:
+def _plan(counts: list[int], shim: bool) -> list[tuple[int, int]]:
+    """(threads, master delay in us) pairs: every schedule with the preload shim, else the counts."""
+    return schedules(counts) if shim else [(n, 0) for n in counts]
+
+
+def _outputs(case: Any, plan: list[tuple[int, int]], variant: int) -> dict[tuple[int, int], Any]:
+    """The C++ port's outputs for one poison variant of ``case`` under every schedule of ``plan``."""
     from conformance.backends import BACKENDS
-    from conformance.runner import _key, _variants, load_case, run_backend
+    from conformance.runner import run_backend
     from cpu_impl import _C
 
+    outs = {}
+    for n, us in plan:
+        _C.set_num_threads(n)
+        _stagger(us)
+        outs[(n, us)] = run_backend(BACKENDS["cpu"], case, variant)
+    return outs
+
+
+def replay(path: str, counts: list[int]) -> int:
+    from conformance.runner import _key, _variants, load_case
+
     case = load_case(path)
-    plan = schedules(counts) if _shim_counters() is not None else [(n, 0) for n in counts]
+    plan = _plan(counts, _shim_counters() is not None)
     for variant in range(_variants(case.spec, case.args)):
-        outs = {}
-        for n, us in plan:
-            _C.set_num_threads(n)
-            _stagger(us)
-            outs[(n, us)] = run_backend(BACKENDS["cpu"], case, variant)
+        outs = _outputs(case, plan, variant)
         _stagger(0)
         if len({_key(o) for o in outs.values()}) > 1:
             print(_describe(case.kernel, plan, outs))
@@ -267,7 +277,7 @@ def replay(path: str, counts: list[int]) -> int:
 # -- command line: re-executes itself with the shim preloaded ------------------------------------
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("threads", help="check the C++ port gives bit-identical outputs at 1, 2, 3 and all OpenMP threads")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=("dev", "ci", "nightly"))
+    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
     p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     p.add_argument("--threads", help="comma-separated thread counts (default 1,2,3,all cores)")
     p.add_argument("--max-examples", type=int, help="override the profile's examples per kernel")
@@ -276,10 +286,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--junit", help="write a JUnit XML report here")
     p.add_argument("--replay", help="re-run one saved case at every thread count")
     p.set_defaults(func=_cmd)
-
-
-def _preloaded(lib: Path) -> bool:
-    return str(lib) in os.environ.get("LD_PRELOAD", "")
 
 
 def _cmd(ns: argparse.Namespace) -> int:

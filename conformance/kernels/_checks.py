@@ -93,6 +93,10 @@ def at_least(kernel: str, name: str, value: int, low: int) -> None:
     require(value >= low, kernel, name, f"must be >= {low}, got {value}")
 
 
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def flat_view(t: torch.Tensor) -> torch.Tensor:
     """A 1-D view of everything a strided tensor spans: element ``i`` is flat index ``i`` from
     the data pointer, as a kernel that addresses ``row * stride + column`` sees it. Indices

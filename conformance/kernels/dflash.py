@@ -10,6 +10,7 @@ import torch
 from conformance.contract import INT, Flag, KernelSpec, Role, constexpr, ptr, require, scalar
 from conformance.kernels._checks import (
     at_least,
+    cdiv,
     exclusive_offsets,
     item,
     power_of_two,
@@ -76,7 +77,7 @@ def _grid(a: Mapping[str, Any]) -> tuple[int, int]:
     qsl = a["query_start_loc_ptr"].tolist()
     b = len(qsl) - 1
     longest = max((qsl[r + 1] - qsl[r] for r in range(b)), default=0)
-    return (b, -(-(longest + a["num_query_per_req"]) // a["BLOCK_SIZE"]))
+    return (b, cdiv(longest + a["num_query_per_req"], a["BLOCK_SIZE"]))
 
 
 def _explain(a: Mapping[str, Any], output: str, index: int) -> str:

@@ -10,6 +10,7 @@ import torch
 from conformance.contract import INT, KernelSpec, Role, constexpr, ptr, require, scalar
 from conformance.kernels._checks import (
     at_least,
+    cdiv,
     exclusive_offsets,
     item,
     power_of_two,
@@ -25,10 +26,6 @@ K5 = "eagle_step_slot_mapping_metadata_kernel"
 K6 = "eagle_prepare_inputs_padded_kernel"
 K7 = "eagle_prepare_next_token_padded_kernel"
 K8 = "copy_and_expand_eagle_inputs_kernel"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # -- K5 ------------------------------------------------------------------------------------------
@@ -148,7 +145,7 @@ def _copy_expand_grid(a: Mapping[str, Any]) -> tuple[int, int]:
     # + net_new) / BLOCK_SIZE_TOKENS), recomputed here from the arguments (§1.11).
     b, _, net_new, qsl, _ = _expand_shape(a)
     longest = max((qsl[r + 1] - qsl[r] for r in range(b)), default=0)
-    return (b, _cdiv(longest + net_new, a["BLOCK_SIZE_TOKENS"]))
+    return (b, cdiv(longest + net_new, a["BLOCK_SIZE_TOKENS"]))
 
 
 def _explain_copy_expand(a: Mapping[str, Any], output: str, index: int) -> str:

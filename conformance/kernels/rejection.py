@@ -20,6 +20,7 @@ from conformance.contract import (
     scalar,
     starts,
 )
+from conformance.kernels._checks import at_least, power_of_two, require_length
 
 F32, F64, BOOL = torch.float32, torch.float64, torch.bool
 I32, I64 = torch.int32, torch.int64
@@ -28,11 +29,6 @@ _MODULE = "vllm.v1.sample.rejection_sampler"
 
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-def _length(kernel: str, name: str, t: torch.Tensor | None, need: int) -> None:
-    if t is not None:
-        require(t.numel() >= need, kernel, name, f"must hold at least {need} elements, has {t.numel()}")
 
 
 def _rows_and_drafts(kernel: str, a: Mapping[str, Any], processed: torch.Tensor | None) -> tuple[int, int, torch.Tensor]:
@@ -45,9 +41,9 @@ def _rows_and_drafts(kernel: str, a: Mapping[str, Any], processed: torch.Tensor 
     s = a["max_spec_len"]
     require(s >= 0, kernel, "max_spec_len", f"must be >= 0, got {s}")
     out = a["output_token_ids_ptr"]
-    _length(kernel, "output_token_ids_ptr", out, b * (s + 1))
-    _length(kernel, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
-    _length(kernel, "bonus_token_ids_ptr", a["bonus_token_ids_ptr"], b)
+    require_length(kernel, "output_token_ids_ptr", out, b * (s + 1))
+    require_length(kernel, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
+    require_length(kernel, "bonus_token_ids_ptr", a["bonus_token_ids_ptr"], b)
     if processed is not None:
         n = n[processed[:b]]
     if n.numel():
@@ -59,18 +55,18 @@ def _synthetic(kernel: str, a: Mapping[str, Any], t: int, n: torch.Tensor) -> No
     if a["SYNTHETIC_MODE"]:
         u = a["uniform_probs_ptr"]
         require(u is not None, kernel, "uniform_probs_ptr", "is required in synthetic mode")
-        _length(kernel, "uniform_probs_ptr", u, t)
+        require_length(kernel, "uniform_probs_ptr", u, t)
         need = int(n.max()) if n.numel() else 0
-        _length(kernel, "synthetic_conditional_rates_ptr", a["synthetic_conditional_rates_ptr"], need)
+        require_length(kernel, "synthetic_conditional_rates_ptr", a["synthetic_conditional_rates_ptr"], need)
 
 
 def _greedy_preconditions(a: Mapping[str, Any]) -> None:
     k = "rejection_greedy_sample_kernel"
     g = a["is_greedy_ptr"]
     b = a["cu_num_draft_tokens_ptr"].numel()
-    _length(k, "is_greedy_ptr", g, b)
+    require_length(k, "is_greedy_ptr", g, b)
     _, t, n = _rows_and_drafts(k, a, None if g is None else g)
-    _length(k, "target_argmax_ptr", a["target_argmax_ptr"], t)
+    require_length(k, "target_argmax_ptr", a["target_argmax_ptr"], t)
     _synthetic(k, a, t, n)
 
 
@@ -78,12 +74,12 @@ def _random_preconditions(a: Mapping[str, Any]) -> None:
     k = "rejection_random_sample_kernel"
     g = a["is_greedy_ptr"]
     b = a["cu_num_draft_tokens_ptr"].numel()
-    _length(k, "is_greedy_ptr", g, b)
+    require_length(k, "is_greedy_ptr", g, b)
     _, t, n = _rows_and_drafts(k, a, ~g)
-    _length(k, "uniform_probs_ptr", a["uniform_probs_ptr"], t)
-    _length(k, "recovered_token_ids_ptr", a["recovered_token_ids_ptr"], t)
+    require_length(k, "uniform_probs_ptr", a["uniform_probs_ptr"], t)
+    require_length(k, "recovered_token_ids_ptr", a["recovered_token_ids_ptr"], t)
     v = a["vocab_size"]
-    require(v >= 1, k, "vocab_size", f"must be >= 1, got {v}")
+    at_least(k, "vocab_size", v, 1)
     _prob_rows(k, a, "target_probs_ptr", t, v)
     _prob_rows(k, a, "draft_probs_ptr", t, v)
     if a["SYNTHETIC_MODE"]:
@@ -110,11 +106,11 @@ def _expand_preconditions(a: Mapping[str, Any]) -> None:
     require(out.dtype == x.dtype, k, "output_ptr", f"must have the input's dtype {x.dtype}, got {out.dtype}")
     require(cu.numel() == x.numel(), k, "cu_num_tokens_ptr", f"must have one entry per input value ({x.numel()}), has {cu.numel()}")
     check_cumulative(k, "cu_num_tokens_ptr", cu)
-    _length(k, "output_ptr", out, int(cu[-1]) if cu.numel() else 0)
+    require_length(k, "output_ptr", out, int(cu[-1]) if cu.numel() else 0)
     for name in ("replace_from", "replace_to"):
         require(-(2**31) <= a[name] < 2**31, k, name, "must be representable in int32")
     m = a["MAX_NUM_TOKENS"]
-    require(m >= 1 and m & (m - 1) == 0, k, "MAX_NUM_TOKENS", f"must be a power of two, got {m}")
+    power_of_two(k, "MAX_NUM_TOKENS", m)
 
 
 def _recovered_preconditions(a: Mapping[str, Any]) -> None:
@@ -124,14 +120,14 @@ def _recovered_preconditions(a: Mapping[str, Any]) -> None:
     b = cu.numel()
     t = int(cu[-1]) if b else 0
     v = a["vocab_size"]
-    require(v >= 1, k, "vocab_size", f"must be >= 1, got {v}")
-    _length(k, "output_token_ids_ptr", a["output_token_ids_ptr"], t)
-    _length(k, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
+    at_least(k, "vocab_size", v, 1)
+    require_length(k, "output_token_ids_ptr", a["output_token_ids_ptr"], t)
+    require_length(k, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
     _prob_rows(k, a, "target_probs_ptr", t, v)
     _prob_rows(k, a, "draft_probs_ptr", t, v)
     _prob_rows(k, a, "inv_q_ptr", b, v)
     bs = a["BLOCK_SIZE"]
-    require(bs >= 1 and bs & (bs - 1) == 0, k, "BLOCK_SIZE", f"must be a power of two, got {bs}")
+    power_of_two(k, "BLOCK_SIZE", bs)
 
 
 # -- failure explanations ------------------------------------------------------------------------

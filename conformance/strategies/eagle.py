@@ -10,12 +10,12 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.kernels import eagle as contracts
+from conformance.kernels._checks import cdiv
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, seeds
 from conformance.strategies.metadata import (
     I64,
     block_table,
-    cdiv,
     exclusive_offsets,
     next_power_of_2,
     padding,

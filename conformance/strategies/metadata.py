@@ -67,7 +67,3 @@ def block_table(g: torch.Generator, rows: int, cols: int, wider: int, dtype: tor
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)

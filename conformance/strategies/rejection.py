@@ -9,8 +9,10 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
+from conformance.kernels._checks import cdiv
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, ragged_counts, seeds
+from conformance.strategies.metadata import padding
 
 # Tiny, power-of-two and awkward vocabularies; the C++ chunk (4096) and Triton tiles see edges.
 VOCABS = st.sampled_from([8, 1, 2, 3, 5, 16, 17, 31, 100, 257, 4099])
@@ -99,11 +101,6 @@ def _kinds(draw: st.DrawFn, t: int, allowed: tuple[str, ...]) -> list[str]:
     for i, kind in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(allowed)), max_size=4 if t else 0)):
         kinds[i] = kind
     return kinds
-
-
-def _extra(draw: st.DrawFn) -> int:
-    """Spare elements past the last written one: their poison must survive."""
-    return draw(st.sampled_from([0, 0, 1, 3]))
 
 
 def _output(b: int, s: int, dtype: torch.dtype) -> torch.Tensor:
@@ -242,7 +239,7 @@ def _expand_cases(draw: st.DrawFn) -> Case:
     else:
         values = st.one_of(st.sampled_from([0, replace_from, 5, 100]), st.integers(-(2**31) + 2, 2**31 - 1))
     x = torch.tensor(draw(st.lists(values, min_size=b, max_size=b)), dtype=dtype) if b else torch.zeros(0, dtype=dtype)
-    out = torch.zeros(sum(n) + _extra(draw), dtype=dtype)
+    out = torch.zeros(sum(n) + padding(draw), dtype=dtype)
     args = dict(
         output_ptr=out,
         input_ptr=x,
@@ -258,7 +255,7 @@ def _block_size(draw: st.DrawFn, v: int) -> int:
     """The call site's 8192, or a small tile so that ties and maxima cross tile edges; at most
     32 tiles per row, which keeps the interpreted Triton backend quick."""
     bs = draw(st.sampled_from([8192, 2, 4, 16, 64]))
-    return bs if -(-v // bs) <= 32 else 8192
+    return bs if cdiv(v, bs) <= 32 else 8192
 
 
 @cases_for("sample_recovered_tokens_kernel")
@@ -282,7 +279,7 @@ def _recovered_cases(draw: st.DrawFn) -> Case:
     dtype = torch.float64 if fp64 else torch.float32
     inv_q = torch.ones(bt.b, v, dtype=dtype) if noise == "ones" else 1.0 / torch.empty(bt.b, v, dtype=dtype).exponential_(generator=g)
     args = dict(
-        output_token_ids_ptr=torch.zeros(t + _extra(draw), dtype=draw(int_dtypes)),
+        output_token_ids_ptr=torch.zeros(t + padding(draw), dtype=draw(int_dtypes)),
         cu_num_draft_tokens_ptr=bt.cu,
         draft_token_ids_ptr=bt.draft,
         draft_probs_ptr=draft_probs,
