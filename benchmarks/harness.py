@@ -15,6 +15,7 @@ Options (after ``--`` in ``nox -s bench``):
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -450,7 +451,7 @@ def bench_kernel(
     poison(case)
     initial = snapshot(case.args, case.spec)
     args = _copy_args(case.args, device) if device != "cpu" else case.args  # strides and aliasing kept
-    launch = (lambda: kernel(**args)) if b.gridless else (lambda: kernel[case.grid](**args))
+    launch = functools.partial(b.launcher(kernel, case.grid), **args)
     sync = torch.cuda.synchronize if device == "cuda" else None
     n = threads or cores()
     with omp_threads(n):

@@ -39,6 +39,10 @@ class Backend:
     # the malformed-input fuzz (conformance/fuzz.py) holds every such backend to it.
     validates: bool = False
 
+    def launcher(self, kernel: Any, grid: Any) -> Any:
+        """What a launch calls: ``kernel[grid]``, or the kernel itself for a gridless backend."""
+        return kernel if self.gridless else kernel[grid]
+
 
 BACKENDS: dict[str, Backend] = {}
 ORACLE = "reference"

@@ -40,10 +40,7 @@ def launch(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> Non
     device = b.device()
     # On another device: copies that keep aliasing and strides, and every output copied back.
     moved = args if device == "cpu" else _copy_args(args, device)
-    if b.gridless:
-        k(**moved)
-    else:
-        k[grid](**moved)
+    b.launcher(k, grid)(**moved)
     if moved is not args:
         for p in spec.outputs:
             if isinstance(args[p.name], torch.Tensor):

@@ -410,12 +410,11 @@ def verdict(spec: KernelSpec, args: dict[str, Any]) -> BaseException | None:
 
 def launch(backend: str, spec: KernelSpec, case: Case, args: dict[str, Any]) -> None:
     b = BACKENDS[backend]
-    kernel = b.resolve(spec)
+    kernel = b.launcher(b.resolve(spec), (1,))
     if case.positional:
-        values = [args[n] for n in spec.arg_names]
-        kernel(*values) if b.gridless else kernel[(1,)](*values)
+        kernel(*[args[n] for n in spec.arg_names])
     else:
-        kernel(**args) if b.gridless else kernel[(1,)](**args)
+        kernel(**args)
 
 
 def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Path | None = None) -> bool:

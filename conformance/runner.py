@@ -124,11 +124,11 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
         and not any(args[o.name] is args[p.name] for o in spec.outputs)
     }
     try:
+        launch = backend.launcher(kernel, case.launch_grid())
         if case.positional:
-            values = [args[n] for n in spec.arg_names]
-            kernel(*values) if backend.gridless else kernel[case.launch_grid()](*values)
+            launch(*[args[n] for n in spec.arg_names])
         else:
-            kernel(**args) if backend.gridless else kernel[case.launch_grid()](**args)
+            launch(**args)
         if backend.device() == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # a backend that raises on valid input disagrees with the others
@@ -136,7 +136,8 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
     for name, old in before.items():
         if not torch.equal(_bits(old), _bits(args[name])):
             return Outcome(error=f"modified its input '{name}' (inputs must stay unchanged, C27)")
-    return Outcome(outputs={p.name: args[p.name].detach().cpu().clone() for p in spec.outputs if isinstance(args[p.name], torch.Tensor)})
+    # args are this launch's own copies: keeping their outputs needs no further copy (.cpu() copies from a GPU).
+    return Outcome(outputs={p.name: args[p.name].cpu() for p in spec.outputs if isinstance(args[p.name], torch.Tensor)})
 
 
 class Disagreement(AssertionError):

@@ -134,10 +134,7 @@ def _launch(backend: Any, kernel: Any, case: Case, args: tuple[Any, ...] = (), *
     positional = [copies[n] for n in case.spec.arg_names[: len(args)]]
     keywords = {n: copies[n] for n in kwargs.pop("_names", ())}
     keywords.update(kwargs)
-    if backend.gridless:
-        kernel(*positional, **keywords)
-    else:
-        kernel[case.launch_grid()](*positional, **keywords)
+    backend.launcher(kernel, case.launch_grid())(*positional, **keywords)
     return copies
 
 
