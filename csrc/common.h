@@ -21,6 +21,9 @@ namespace py = pybind11;
 // Rows of a small per-request kernel (a few loads and stores each) below which OpenMP's fork and
 // join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
 constexpr std::int64_t kParallelSmallRows = 16384;
+// Rows that each gather from a large table (a cache miss each: K2's probabilities, K5's block
+// table) are worth threads far sooner.
+constexpr std::int64_t kParallelGatherRows = 256;
 
 // Must match cpu_impl/launcher.py.
 enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4 };
@@ -41,6 +44,15 @@ struct Buffer {
 inline void need_len(const char* kernel, const char* name, const Buffer& b, std::int64_t n) {
   if (b.numel < n)
     fail(kernel, name, "must hold at least " + std::to_string(n) + " elements, has " + std::to_string(b.numel));
+}
+
+inline void need_at_least(const char* kernel, const char* name, std::int64_t value, std::int64_t low) {
+  if (value < low) fail(kernel, name, "must be >= " + std::to_string(low) + ", got " + std::to_string(value));
+}
+
+inline void need_power_of_two(const char* kernel, const char* name, std::int64_t value) {
+  if (value < 1 || (value & (value - 1)) != 0)
+    fail(kernel, name, "must be a power of two, got " + std::to_string(value));
 }
 
 // `rows` rows of `width` elements. The product is checked for overflow: a huge scalar (a

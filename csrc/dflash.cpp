@@ -16,14 +16,6 @@ namespace {
 
 constexpr const char* kDflash = "copy_and_expand_dflash_inputs_kernel";
 
-// KV slot of a position (>= 0) in table row `row`; the column clamp bound is the stride (C23).
-template <class T>
-inline std::int64_t slot_of(const T* table, std::int64_t row, std::int64_t position, std::int64_t stride,
-                            std::int64_t block_size) {
-  const std::int64_t column = std::min(position / block_size, stride - 1);
-  return static_cast<std::int64_t>(table[row + column]) * block_size + position % block_size;
-}
-
 void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_positions, Buffer out_input_ids,
                                    Buffer out_context_positions, Buffer out_query_positions,
                                    Buffer out_context_slot_mapping, Buffer out_query_slot_mapping,
@@ -34,7 +26,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
                                    std::int64_t total_input_tokens, std::int64_t block_size_lanes,
                                    bool has_num_rejected) {
   if (query_start_loc.numel < 1) fail(kDflash, "query_start_loc_ptr", "must hold at least one element (B + 1)");
-  if (has_num_rejected != (num_rejected_tokens.dtype >= 0))  // a tensor, not None or 0
+  if (has_num_rejected != num_rejected_tokens.present())  // a tensor, not None or 0
     fail(kDflash, "HAS_NUM_REJECTED", "must be num_rejected_tokens_ptr is a tensor");
   const std::int64_t b = query_start_loc.numel - 1, n_ctx = total_input_tokens;
   const std::int64_t Q = num_query_per_req, K = num_speculative_tokens, stride = block_table_stride;

@@ -20,9 +20,8 @@ constexpr const char* kInputs = "eagle_prepare_inputs_padded_kernel";
 constexpr const char* kNextToken = "eagle_prepare_next_token_padded_kernel";
 constexpr const char* kExpand = "copy_and_expand_eagle_inputs_kernel";
 
-// K5's rows read a block table entry each (a cache miss, as K2's); K6 and K7 only touch small
-// arrays and go parallel at kParallelSmallRows (at 256 rows the fork and join was half of K6's time).
-constexpr std::int64_t kParallelRows = 256;
+// K5 goes parallel at kParallelGatherRows; K6 and K7 only touch small arrays and go parallel at
+// kParallelSmallRows (at 256 rows the fork and join was half of K6's time).
 
 void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std::int64_t block_table_stride,
                                       Buffer seq_lens, Buffer out_clamped_positions, Buffer out_slot_mapping,
@@ -58,7 +57,7 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
           C* clamped = out_clamped_positions.as<C>();
           O* slots = out_slot_mapping.as<O>();
           py::gil_scoped_release nogil;
-#pragma omp parallel for if (rows >= kParallelRows) schedule(static)
+#pragma omp parallel for if (rows >= kParallelGatherRows) schedule(static)
           for (std::int64_t r = 0; r < rows; ++r) {
             if (r >= b) {  // cudagraph padding: only the slot mapping is written
               slots[r] = static_cast<O>(pad_id);
@@ -67,9 +66,7 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
             // position + 1 >= max_model_len neutralises the request: position 0, slot PAD_ID, seq_len 1.
             const bool over = position[r] >= max_model_len - 1;
             const std::int64_t new_position = over ? 0 : position[r] + 1;
-            const std::int64_t column = std::min(new_position / block_size, n_blocks_per_req - 1);
-            const std::int64_t block_id = table[r * block_table_stride + column];
-            const std::int64_t slot = block_id * block_size + new_position % block_size;
+            const std::int64_t slot = slot_of(table, r * block_table_stride, new_position, n_blocks_per_req, block_size);
             const std::int64_t seq_len = over ? 1 : static_cast<std::int64_t>(seq[r]) + 1;
             slots[r] = static_cast<O>(over ? pad_id : slot);
             clamped[r] = static_cast<C>(new_position);
@@ -88,6 +85,7 @@ void eagle_prepare_inputs_padded(Buffer cu_num_draft_tokens, Buffer valid_sample
   const std::int64_t n = num_reqs;
   need_at_least(kInputs, "num_reqs", n, 0);
   const std::vector<std::int64_t> cu = load_ints(kInputs, "cu_num_draft_tokens_ptr", cu_num_draft_tokens, n);
+  const Cumulative<std::int64_t> drafts{cu.data()};
   const std::vector<std::int64_t> valid =
       load_ints(kInputs, "valid_sampled_tokens_count_ptr", valid_sampled_tokens_count, n);
   const std::vector<std::int64_t> qsl = load_ints(kInputs, "query_start_loc_gpu_ptr", query_start_loc, n + 1);
@@ -102,7 +100,7 @@ void eagle_prepare_inputs_padded(Buffer cu_num_draft_tokens, Buffer valid_sample
       py::gil_scoped_release nogil;
 #pragma omp parallel for if (n >= kParallelSmallRows) schedule(static)
       for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t num_drafts = r == 0 ? cu[0] : cu[r] - cu[r - 1];  // cu[-1] is never read (C1)
+        const std::int64_t num_drafts = drafts.count(r);  // cu[-1] is never read (C1)
         // No drafts, no rejections; otherwise unclamped, even if negative (C19).
         const std::int64_t rejected = num_drafts > 0 ? num_drafts + 1 - valid[r] : 0;
         indices[r] = static_cast<I>(qsl[r + 1] - 1 - rejected);

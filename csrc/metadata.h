@@ -60,13 +60,13 @@ inline void need_rows(const char* kernel, const char* name, const Strided& t, st
                std::to_string(r * stride) + " (row stride " + std::to_string(stride) + ")");
 }
 
-inline void need_at_least(const char* kernel, const char* name, std::int64_t value, std::int64_t low) {
-  if (value < low) fail(kernel, name, "must be >= " + std::to_string(low) + ", got " + std::to_string(value));
-}
-
-inline void need_power_of_two(const char* kernel, const char* name, std::int64_t value) {
-  if (value < 1 || (value & (value - 1)) != 0)
-    fail(kernel, name, "must be a power of two, got " + std::to_string(value));
+// KV slot of a position (>= 0) in the table row starting at flat index `row`: the block column is
+// clamped to `columns` - 1 (a wrong but in-range slot: C21, C23).
+template <class T>
+inline std::int64_t slot_of(const T* table, std::int64_t row, std::int64_t position, std::int64_t columns,
+                            std::int64_t block_size) {
+  const std::int64_t column = std::min(position / block_size, columns - 1);
+  return static_cast<std::int64_t>(table[row + column]) * block_size + position % block_size;
 }
 
 // The first `entries` elements of query_start_loc: non-negative and non-decreasing (spec §1.2).
@@ -79,8 +79,8 @@ inline std::vector<std::int64_t> load_offsets(const char* kernel, const char* na
 
 }  // namespace specdiff
 
-// A Strided arrives from Python as (data_ptr, dtype code, numel, rows, cols, row_stride);
-// see cpu_impl/eagle.py:strided_buf.
+// A Strided arrives from Python as (data_ptr, dtype code, numel, rows, cols, row_stride); see
+// CpuKernel.convert (cpu_impl/launcher.py) and conformance/kernels/_checks.py:geometry.
 namespace pybind11::detail {
 template <>
 struct type_caster<specdiff::Strided> {

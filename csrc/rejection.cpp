@@ -20,10 +20,6 @@ constexpr const char* kRandom = "rejection_random_sample_kernel";
 constexpr const char* kExpand = "expand_kernel";
 constexpr const char* kRecovered = "sample_recovered_tokens_kernel";
 
-// Rows are independent. K2 gathers one probability per draft from [T, V] rows (a cache miss each),
-// so it goes parallel far sooner than K1 and K3, which only touch small arrays (kParallelSmallRows).
-constexpr std::int64_t kParallelRows = 256;
-
 // Rows a rejection kernel processes: is_greedy[r] == want, or every row without a mask.
 inline bool processes(const bool* is_greedy, std::int64_t r, bool want) {
   return is_greedy == nullptr || is_greedy[r] == want;
@@ -34,7 +30,7 @@ template <class C>
 std::int64_t check_rows(const char* kernel, const Buffer& out, const C* cu, std::int64_t b, const Buffer& draft,
                         const Buffer& bonus, const Buffer& is_greedy, bool want, std::int64_t max_spec_len,
                         std::int64_t* max_count) {
-  if (max_spec_len < 0) fail(kernel, "max_spec_len", "must be >= 0, got " + std::to_string(max_spec_len));
+  need_at_least(kernel, "max_spec_len", max_spec_len, 0);
   const std::int64_t t = check_cumulative(kernel, "cu_num_draft_tokens_ptr", cu, b);
   if (max_spec_len == std::numeric_limits<std::int64_t>::max())
     fail(kernel, "max_spec_len", "must be < 2**63 - 1 (the row stride is max_spec_len + 1)");
@@ -120,7 +116,7 @@ void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
                              Buffer bonus, Buffer recovered, Buffer uniform, Buffer is_greedy, std::int64_t max_spec_len,
                              std::int64_t vocab_size, Buffer rates, bool no_draft_probs, bool synthetic) {
   if (!is_greedy.present()) throw py::type_error(std::string(kRandom) + ": 'is_greedy_ptr' must be a tensor, got None");
-  if (vocab_size < 1) fail(kRandom, "vocab_size", "must be >= 1, got " + std::to_string(vocab_size));
+  need_at_least(kRandom, "vocab_size", vocab_size, 1);
   with_int(kRandom, "cu_num_draft_tokens_ptr", cu.dtype, [&](auto c_) {
     using C = decltype(c_);
     const std::int64_t b = cu.numel;
@@ -162,7 +158,7 @@ void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
             const float* rate = synthetic ? rates.as<float>() : nullptr;
             const std::int64_t row_stride = max_spec_len + 1;
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (b >= kParallelRows) schedule(static)
+#pragma omp parallel for if (b >= kParallelGatherRows) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               if (g[r]) continue;
               const std::int64_t s = c.start(r), n = c.count(r);
@@ -206,8 +202,7 @@ void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std:
   if (out.dtype != input.dtype) throw py::type_error(std::string(kExpand) + ": 'output_ptr' must have the input's dtype");
   if (cu.numel != input.numel)
     fail(kExpand, "cu_num_tokens_ptr", "must have one entry per input value (" + std::to_string(input.numel) + ")");
-  if (max_num_tokens < 1 || (max_num_tokens & (max_num_tokens - 1)) != 0)
-    fail(kExpand, "MAX_NUM_TOKENS", "must be a power of two, got " + std::to_string(max_num_tokens));
+  need_power_of_two(kExpand, "MAX_NUM_TOKENS", max_num_tokens);
   for (auto [name, v] : {std::pair{"replace_from", replace_from}, std::pair{"replace_to", replace_to}})
     if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
       fail(kExpand, name, "must be representable in int32");
@@ -439,9 +434,8 @@ std::int64_t chunk_width(std::int64_t requests, std::int64_t vocab, int threads)
 void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_probs, Buffer target_probs,
                              Buffer inv_q, std::int64_t vocab_size, std::int64_t block_size, bool no_draft_probs,
                              bool use_fp64_gumbel) {
-  if (vocab_size < 1) fail(kRecovered, "vocab_size", "must be >= 1, got " + std::to_string(vocab_size));
-  if (block_size < 1 || (block_size & (block_size - 1)) != 0)
-    fail(kRecovered, "BLOCK_SIZE", "must be a power of two, got " + std::to_string(block_size));
+  need_at_least(kRecovered, "vocab_size", vocab_size, 1);
+  need_power_of_two(kRecovered, "BLOCK_SIZE", block_size);
   if (use_fp64_gumbel != (inv_q.dtype == kFloat64))
     fail(kRecovered, "USE_FP64_GUMBEL", "must be inv_q_ptr is float64");
   with_int(kRecovered, "cu_num_draft_tokens_ptr", cu.dtype, [&](auto c_) {
