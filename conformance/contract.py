@@ -257,6 +257,24 @@ def require(ok: bool, kernel: str, name: str, expectation: str) -> None:
         raise ValueError(f"{kernel}: '{name}' {expectation}")
 
 
+def require_length(kernel: str, name: str, t: Any, need: int) -> None:
+    """A tensor argument holds at least ``need`` elements (non-tensors are checked elsewhere)."""
+    if isinstance(t, torch.Tensor):
+        require(t.numel() >= need, kernel, name, f"must hold at least {need} elements, has {t.numel()}")
+
+
+def power_of_two(kernel: str, name: str, value: int) -> None:
+    require(value >= 1 and value & (value - 1) == 0, kernel, name, f"must be a power of two, got {value}")
+
+
+def at_least(kernel: str, name: str, value: int, low: int) -> None:
+    require(value >= low, kernel, name, f"must be >= {low}, got {value}")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def check_cumulative(kernel: str, name: str, cu: torch.Tensor) -> None:
     """Inclusive cumulative counts: non-negative and non-decreasing (§1.2)."""
     if cu.numel():

@@ -16,12 +16,6 @@ import torch
 from conformance.contract import check_cumulative, require
 
 
-def require_length(kernel: str, name: str, t: Any, need: int) -> None:
-    """A tensor argument holds at least ``need`` elements (non-tensors are checked elsewhere)."""
-    if isinstance(t, torch.Tensor):
-        require(t.numel() >= need, kernel, name, f"must hold at least {need} elements, has {t.numel()}")
-
-
 def span(t: torch.Tensor) -> int:
     """Elements a possibly strided tensor covers from its first element to its last."""
     if t.numel() == 0:
@@ -83,18 +77,6 @@ def exclusive_offsets(kernel: str, name: str, qsl: torch.Tensor, entries: int) -
     qsl = qsl[:entries]
     check_cumulative(kernel, name, qsl)
     return qsl.tolist()
-
-
-def power_of_two(kernel: str, name: str, value: int) -> None:
-    require(value >= 1 and value & (value - 1) == 0, kernel, name, f"must be a power of two, got {value}")
-
-
-def at_least(kernel: str, name: str, value: int, low: int) -> None:
-    require(value >= low, kernel, name, f"must be >= {low}, got {value}")
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def flat_view(t: torch.Tensor) -> torch.Tensor:

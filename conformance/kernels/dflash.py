@@ -7,16 +7,21 @@ from typing import Any
 
 import torch
 
-from conformance.contract import INT, Flag, KernelSpec, Role, constexpr, ptr, require, scalar
-from conformance.kernels._checks import (
+from conformance.contract import (
+    INT,
+    Flag,
+    KernelSpec,
+    Role,
     at_least,
     cdiv,
-    exclusive_offsets,
-    item,
+    constexpr,
     power_of_two,
+    ptr,
+    require,
     require_length,
-    require_rows,
+    scalar,
 )
+from conformance.kernels._checks import exclusive_offsets, item, require_rows
 
 I32, I64 = torch.int32, torch.int64
 K9 = "copy_and_expand_dflash_inputs_kernel"

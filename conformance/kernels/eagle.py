@@ -7,16 +7,20 @@ from typing import Any
 
 import torch
 
-from conformance.contract import INT, KernelSpec, Role, constexpr, ptr, require, scalar
-from conformance.kernels._checks import (
+from conformance.contract import (
+    INT,
+    KernelSpec,
+    Role,
     at_least,
     cdiv,
-    exclusive_offsets,
-    item,
+    constexpr,
     power_of_two,
+    ptr,
+    require,
     require_length,
-    require_rows,
+    scalar,
 )
+from conformance.kernels._checks import exclusive_offsets, item, require_rows
 
 BOOL = torch.bool
 I32, I64 = torch.int32, torch.int64

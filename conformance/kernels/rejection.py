@@ -12,15 +12,17 @@ from conformance.contract import (
     Flag,
     KernelSpec,
     Role,
+    at_least,
     check_cumulative,
     constexpr,
     counts,
+    power_of_two,
     ptr,
     require,
+    require_length,
     scalar,
     starts,
 )
-from conformance.kernels._checks import at_least, power_of_two, require_length
 
 F32, F64, BOOL = torch.float32, torch.float64, torch.bool
 I32, I64 = torch.int32, torch.int64

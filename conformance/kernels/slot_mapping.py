@@ -12,15 +12,19 @@ from typing import Any
 
 import torch
 
-from conformance.contract import INT, KernelSpec, Role, constexpr, ptr, require, scalar
-from conformance.kernels._checks import (
+from conformance.contract import (
+    INT,
+    KernelSpec,
+    Role,
     at_least,
-    exclusive_offsets,
-    item,
+    constexpr,
     power_of_two,
-    require_elements,
+    ptr,
+    require,
     require_length,
+    scalar,
 )
+from conformance.kernels._checks import exclusive_offsets, item, require_elements
 
 I32, I64 = torch.int32, torch.int64
 K10 = "compute_slot_mapping_kernel"

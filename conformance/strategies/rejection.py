@@ -9,7 +9,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.kernels._checks import cdiv
+from conformance.contract import cdiv
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, ragged_counts, seeds
 from conformance.strategies.metadata import padding

@@ -8,8 +8,8 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
+from conformance.contract import cdiv
 from conformance.kernels import slot_mapping as contracts
-from conformance.kernels._checks import cdiv
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import (
