@@ -25,8 +25,12 @@ from conformance.strategies.metadata import (
 
 
 @cases_for(contracts.K9)
+def dflash_cases() -> st.SearchStrategy[Case]:
+    return _dflash_cases()
+
+
 @st.composite
-def dflash_cases(draw: st.DrawFn) -> Case:
+def _dflash_cases(draw: st.DrawFn) -> Case:
     lengths = draw(query_lengths(min_len=0, decode_len=8))  # context tokens per request; empty allowed
     first = draw(st.sampled_from([0, 0, 0, 2]))
     if lengths and first == 0 and lengths[0] == 0:

@@ -28,8 +28,12 @@ from conformance.strategies.metadata import (
 
 # -- K5 ------------------------------------------------------------------------------------------
 @cases_for(contracts.K5)
+def step_cases() -> st.SearchStrategy[Case]:
+    return _step_cases()
+
+
 @st.composite
-def step_cases(draw: st.DrawFn) -> Case:
+def _step_cases(draw: st.DrawFn) -> Case:
     b = draw(st.integers(0, 8))
     input_batch_size = b + padding(draw)  # cudagraph padding rows get PAD_ID only
     block_size = draw(st.sampled_from([16, 1, 2, 4, 256]))
@@ -80,8 +84,12 @@ def step_cases(draw: st.DrawFn) -> Case:
 
 # -- K6 ------------------------------------------------------------------------------------------
 @cases_for(contracts.K6)
+def inputs_padded_cases() -> st.SearchStrategy[Case]:
+    return _inputs_padded_cases()
+
+
 @st.composite
-def inputs_padded_cases(draw: st.DrawFn) -> Case:
+def _inputs_padded_cases(draw: st.DrawFn) -> Case:
     n = draw(st.integers(0, 8))
     spare = padding(draw)  # buffers longer than num_reqs
     drafts = draw(st.lists(st.integers(0, 5), min_size=n + spare, max_size=n + spare))
@@ -108,8 +116,12 @@ def inputs_padded_cases(draw: st.DrawFn) -> Case:
 
 # -- K7 ------------------------------------------------------------------------------------------
 @cases_for(contracts.K7)
+def next_token_cases() -> st.SearchStrategy[Case]:
+    return _next_token_cases()
+
+
 @st.composite
-def next_token_cases(draw: st.DrawFn) -> Case:
+def _next_token_cases(draw: st.DrawFn) -> Case:
     n = draw(st.integers(0, 8))
     w = draw(st.integers(0, 6))  # K + 1 columns of the rejection output, or 1 without drafts
     vocab = draw(st.sampled_from([100, 1000, 7]))
@@ -146,8 +158,12 @@ def next_token_cases(draw: st.DrawFn) -> Case:
 
 # -- K8 ------------------------------------------------------------------------------------------
 @cases_for(contracts.K8)
+def copy_expand_cases() -> st.SearchStrategy[Case]:
+    return _copy_expand_cases()
+
+
 @st.composite
-def copy_expand_cases(draw: st.DrawFn) -> Case:
+def _copy_expand_cases(draw: st.DrawFn) -> Case:
     lengths = draw(query_lengths())
     b = len(lengths)
     g = generator(draw(seeds))

@@ -137,8 +137,12 @@ def _uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tenso
 
 
 @cases_for("rejection_greedy_sample_kernel")
+def greedy_cases() -> st.SearchStrategy[Case]:
+    return _greedy_cases()
+
+
 @st.composite
-def greedy_cases(draw: st.DrawFn) -> Case:
+def _greedy_cases(draw: st.DrawFn) -> Case:
     synthetic = draw(st.booleans())
     bt = draw(batches(out_of_vocab=synthetic))
     g = generator(bt.seed + 1)
@@ -172,8 +176,12 @@ def greedy_cases(draw: st.DrawFn) -> Case:
 
 
 @cases_for("rejection_random_sample_kernel")
+def random_cases() -> st.SearchStrategy[Case]:
+    return _random_cases()
+
+
 @st.composite
-def random_cases(draw: st.DrawFn) -> Case:
+def _random_cases(draw: st.DrawFn) -> Case:
     synthetic = draw(st.booleans())
     bt = draw(batches(out_of_vocab=synthetic))
     g = generator(bt.seed + 1)
@@ -213,8 +221,12 @@ def random_cases(draw: st.DrawFn) -> Case:
 
 
 @cases_for("expand_kernel")
+def expand_cases() -> st.SearchStrategy[Case]:
+    return _expand_cases()
+
+
 @st.composite
-def expand_cases(draw: st.DrawFn) -> Case:
+def _expand_cases(draw: st.DrawFn) -> Case:
     dtype = draw(st.sampled_from([torch.float32, torch.int32, torch.int64]))
     max_tokens = draw(st.sampled_from([128, 1, 2, 4]))
     n = draw(ragged_counts(8, 6 if max_tokens == 128 else 2 * max_tokens + 1))
@@ -247,8 +259,12 @@ def _block_size(draw: st.DrawFn, v: int) -> int:
 
 
 @cases_for("sample_recovered_tokens_kernel")
+def recovered_cases() -> st.SearchStrategy[Case]:
+    return _recovered_cases()
+
+
 @st.composite
-def recovered_cases(draw: st.DrawFn) -> Case:
+def _recovered_cases(draw: st.DrawFn) -> Case:
     bt = draw(batches())
     g = generator(bt.seed + 1)
     t, v = bt.t, bt.vocab

@@ -25,8 +25,12 @@ from conformance.strategies.metadata import (
 
 
 @cases_for(contracts.K10)
+def slot_mapping_cases() -> st.SearchStrategy[Case]:
+    return _slot_mapping_cases()
+
+
 @st.composite
-def slot_mapping_cases(draw: st.DrawFn) -> Case:
+def _slot_mapping_cases(draw: st.DrawFn) -> Case:
     lengths = draw(query_lengths(min_len=0, decode_len=4, prefill=(5, 40)))
     if lengths and draw(st.sampled_from([False] * 7 + [True])):
         lengths[draw(st.integers(0, len(lengths) - 1))] = draw(st.integers(1025, 1100))
