@@ -169,8 +169,11 @@ class KernelSpec:
         """Bind a launch exactly as Python binds a call to the kernel's signature (§1.9).
 
         Triton launch options are accepted and dropped; any other unknown keyword is a
-        ``TypeError`` naming it.
+        ``TypeError`` naming it. A launch that passes every parameter by keyword and nothing else
+        (the engine's call sites) is already bound: its own ``kwargs`` dict is returned.
         """
+        if not args and kwargs.keys() == self._by_name.keys():
+            return kwargs  # type: ignore[return-value]
         names = self._names
         if len(args) > len(names):
             raise TypeError(f"{self.name}() takes {len(names)} arguments but {len(args)} were given")

@@ -53,6 +53,8 @@ class CpuKernel:
         self.spec = spec
         self._check = check
         self._entry = entry
+        family, self._entry_name = cpp_entry_name(spec)
+        self._module = getattr(_C, family)
         self.__name__ = spec.name
         self.__qualname__ = spec.name
         self.__doc__ = spec.doc or f"OpenMP port of {spec.qualname}"
@@ -86,11 +88,9 @@ class CpuKernel:
             raise
 
     def entry(self) -> Callable[..., None]:
-        """The C++ entry point, looked up at every launch (so a check can stand in for it)."""
-        if self._entry is not None:
-            return self._entry
-        family, name = cpp_entry_name(self.spec)
-        return getattr(getattr(_C, family), name)
+        """The C++ entry point, looked up at every launch (the signature check stands a recorder
+        in for it), from a submodule resolved once."""
+        return self._entry or getattr(self._module, self._entry_name)
 
     def convert(self, a: Args) -> list[Any] | None:
         """The C++ entry point's arguments for a bound launch, or None when an argument breaks the
