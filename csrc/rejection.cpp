@@ -269,23 +269,25 @@ inline S score(const float* p, const float* q, const S* inv_q, std::int64_t j, s
 // For K draft rows of one request, the lowest index of the largest non-NaN score in [0, len) of
 // the slices p[k], q[k] against inv_q; {-inf, 0} when every score of a row is NaN or -inf.
 // excluded[k] is the slice index of row k's zeroed lane (NoDraft), or -1. One 64-byte vector of
-// lanes (GCC vector extensions: exact IEEE operations, lowered to whatever ISA the clone targets);
-// each lane keeps its first maximum (strict >), then the lanes are merged by value and lowest
-// index, then the scalar tail (higher indices) by strict >.
+// lanes (GCC vector extensions: exact IEEE operations, lowered to whatever ISA the clone targets).
+//
+// The hot loop keeps only each lane's maximum (one vmax per vector; NaN never replaces a lane), not
+// where it was seen: tracking the index cost a compare and a blend per vector, and on two cores
+// the float64 scan was compute-bound (65 % of the read roofline). Every kSubBlock entries, a row
+// whose maximum rose strictly above its best so far rescans that sub-block, still in L1, for the
+// lowest index holding the new maximum. Strictly above: a tie stays with the earlier entry, as a
+// sequential strict-> scan keeps it. On random scores a row's best rises O(log n) times, so the
+// rescans cost about 1 % at vocab 152k.
+constexpr std::int64_t kSubBlock = 512;  // entries
+
 template <class S, bool NoDraft, bool Prefetch, int K>
 [[gnu::always_inline]] inline void scan_block(const float* const* p, const float* const* q, const S* inv_q,
                                               std::int64_t len, const std::int64_t* excluded, Best* out) {
   constexpr int L = 64 / sizeof(S);  // 16 float32 or 8 float64 lanes
+  constexpr std::int64_t G = kSubBlock / L;
   typedef S VS __attribute__((vector_size(64), aligned(sizeof(S)), may_alias));
   typedef float VF __attribute__((vector_size(L * 4), aligned(4), may_alias));
   const S inf = std::numeric_limits<S>::infinity();
-  VS mv[K], mi[K];  // per row and lane: best score, and the group it was seen in
-  VS gi = {};
-  for (int k = 0; k < K; ++k) {
-    mi[k] = gi;
-    mv[k] = gi - inf;
-  }
-  const VS one = gi + 1;
   const VF zero = {};
   std::int64_t hole_group[K], hole_lane[K];  // the group and lane of each row's zeroed entry
   for (int k = 0; k < K; ++k) {
@@ -293,49 +295,76 @@ template <class S, bool NoDraft, bool Prefetch, int K>
     hole_group[k] = inside ? excluded[k] / L : -1;
     hole_lane[k] = inside ? excluded[k] % L : 0;
   }
+  // Row k's scores of group g, formed as score() forms each one (the product is exact in the
+  // lane width: a vector and a scalar product round alike).
+  auto scores = [&](int k, std::int64_t g, const VS& iq, VS& s) __attribute__((always_inline)) {
+    VF w = *reinterpret_cast<const VF*>(p[k] + g * L);
+    if constexpr (NoDraft) {
+      if (g == hole_group[k]) w[hole_lane[k]] = 0.0f;  // exactly the draft's lane (C16)
+    } else {
+      const VF diff = w - *reinterpret_cast<const VF*>(q[k] + g * L);
+      w = diff > zero ? diff : zero;  // max(p - q, 0) with NaN giving 0 (C16)
+    }
+    if constexpr (sizeof(S) == 4)
+      s = w;
+    else
+      s = __builtin_convertvector(w, VS);  // widened exactly; the product is float64 (C17)
+    s *= iq;
+  };
+  S top[K];
+  std::int64_t at[K];
+  for (int k = 0; k < K; ++k) {
+    top[k] = -inf;
+    at[k] = 0;
+  }
   const std::int64_t groups = len / L;
-  for (std::int64_t g = 0; g < groups; ++g, gi += one) {
-    // Software prefetch a few KiB ahead (see prefetch_streams()). Into every cache level (T0),
-    // not non-temporal: Intel's NTA prefetch skips L2, and with nine streams per thread the lines
-    // left L1 before their use (the 16-core Xeon ran at a third of its bandwidth). A prefetch
-    // past the end of a buffer never faults.
-    if constexpr (Prefetch) __builtin_prefetch(inv_q + g * L + kPrefetch, 0, 3);
-    const VS iq = *reinterpret_cast<const VS*>(inv_q + g * L);
-    for (int k = 0; k < K; ++k) {
-      if constexpr (Prefetch) __builtin_prefetch(p[k] + g * L + kPrefetch, 0, 3);
-      VF w = *reinterpret_cast<const VF*>(p[k] + g * L);
-      if constexpr (NoDraft) {
-        if (g == hole_group[k]) w[hole_lane[k]] = 0.0f;  // exactly the draft's lane (C16)
-      } else {
-        if constexpr (Prefetch) __builtin_prefetch(q[k] + g * L + kPrefetch, 0, 3);
-        const VF diff = w - *reinterpret_cast<const VF*>(q[k] + g * L);
-        w = diff > zero ? diff : zero;  // max(p - q, 0) with NaN giving 0 (C16)
+  for (std::int64_t g0 = 0; g0 < groups; g0 += G) {
+    const std::int64_t g1 = std::min(groups, g0 + G);
+    VS mv[K];
+    for (int k = 0; k < K; ++k) mv[k] = VS{} - inf;
+    for (std::int64_t g = g0; g < g1; ++g) {
+      // Software prefetch a few KiB ahead (see prefetch_streams()). Into every cache level (T0),
+      // not non-temporal: Intel's NTA prefetch skips L2, and with nine streams per thread the
+      // lines left L1 before their use (the 16-core Xeon ran at a third of its bandwidth). A
+      // prefetch past the end of a buffer never faults.
+      if constexpr (Prefetch) __builtin_prefetch(inv_q + g * L + kPrefetch, 0, 3);
+      const VS iq = *reinterpret_cast<const VS*>(inv_q + g * L);
+      for (int k = 0; k < K; ++k) {
+        if constexpr (Prefetch) {
+          __builtin_prefetch(p[k] + g * L + kPrefetch, 0, 3);
+          if constexpr (!NoDraft) __builtin_prefetch(q[k] + g * L + kPrefetch, 0, 3);
+        }
+        VS s;
+        scores(k, g, iq, s);
+        mv[k] = s > mv[k] ? s : mv[k];
       }
-      VS s;
-      if constexpr (sizeof(S) == 4)
-        s = w;
-      else
-        s = __builtin_convertvector(w, VS);  // widened exactly; the product is float64 (C17)
-      s *= iq;
-      const auto gt = s > mv[k];
-      mv[k] = gt ? s : mv[k];
-      mi[k] = gt ? gi : mi[k];
+    }
+    for (int k = 0; k < K; ++k) {
+      S m = -inf;
+      for (int l = 0; l < L; ++l) m = mv[k][l] > m ? mv[k][l] : m;
+      if (!(m > top[k])) continue;
+      top[k] = m;
+      for (std::int64_t g = g0; g < g1; ++g) {  // the first entry equal to m (-0.0 == 0.0: a tie)
+        VS s;
+        scores(k, g, *reinterpret_cast<const VS*>(inv_q + g * L), s);
+        int lane = L;
+        for (int l = L - 1; l >= 0; --l) lane = s[l] == m ? l : lane;
+        if (lane < L) {
+          at[k] = g * L + lane;
+          break;
+        }
+      }
     }
   }
   for (int k = 0; k < K; ++k) {
-    S top = -inf;
-    for (int l = 0; l < L; ++l) top = mv[k][l] > top ? mv[k][l] : top;
-    std::int64_t at = len;  // lowest index holding top (-0.0 == 0.0 is a tie); 0 when all are -inf
-    for (int l = 0; l < L; ++l)
-      if (mv[k][l] == top) at = std::min(at, static_cast<std::int64_t>(mi[k][l]) * L + l);
     for (std::int64_t j = groups * L; j < len; ++j) {
       const S sc = score<S, NoDraft>(p[k], NoDraft ? nullptr : q[k], inv_q, j, NoDraft ? excluded[k] : -1);
-      if (sc > top) {
-        top = sc;
-        at = j;
+      if (sc > top[k]) {
+        top[k] = sc;
+        at[k] = j;
       }
     }
-    out[k] = {static_cast<double>(top), at};
+    out[k] = {static_cast<double>(top[k]), at[k]};
   }
 }
 

@@ -163,6 +163,28 @@ def test_recovered_ties_across_tiles(backend):
     assert recovered(backend, i32([1]), i32([0]), None, f32([[0, 0.3, 0.1, 0.3, 0.3, 0.31, 0, 0]]), ones, block=4) == [5]
 
 
+@pytest.mark.parametrize("backend", ("triton", "cpu"))
+@pytest.mark.parametrize("width", [torch.float32, torch.float64])
+@pytest.mark.parametrize("draft_probs", [True, False])
+def test_recovered_ties_across_vectors_and_sub_blocks(backend, width, draft_probs):
+    """Scores drawn from four values over 2,600 entries: the maximum recurs in many vector lanes,
+    sub-blocks and chunks of the C++ scan and in many Triton tiles, and the lowest index must win
+    everywhere; -0.0 ties with 0.0, and NaN never wins. Five rows: a block of four and one more."""
+    g = torch.Generator().manual_seed(7)
+    rows, vocab = 5, 2600
+    tp = torch.tensor([0.0, 0.25, 0.5, 1.0])[torch.randint(0, 4, (rows, vocab), generator=g)]
+    tp[0, 1500:] = 2.0  # row 0: the maximum first appears in a later sub-block, then recurs
+    tp[1, -3] = 4.0  # row 1: the maximum in the scalar tail
+    tp[2, :] = 0.0  # row 2: all zero, some of them -0.0 after the product
+    tp[3, ::7] = NAN
+    dp = torch.tensor([0.0, 0.25])[torch.randint(0, 2, (rows, vocab), generator=g)] if draft_probs else None
+    inv_q = torch.ones(1, vocab, dtype=width)
+    inv_q[0, ::3] = -0.0
+    cu, draft = i32([rows]), i32([5, 1500, 0, 7, 2599])
+    want = recovered("reference", cu, draft, dp, tp, inv_q, block=256)
+    assert recovered(backend, cu, draft, dp, tp, inv_q, block=256) == want
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recovered_fp64_gumbel_is_never_narrowed(backend):
     tp = f32([[0.3, 0.3, 0, 0]])
