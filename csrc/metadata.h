@@ -37,11 +37,19 @@ struct Strided {
   bool holds(std::int64_t flat, std::int64_t width = 1) const {
     if (width <= 0) return true;
     if (flat < 0 || rows <= 0 || cols <= 0) return false;
-    if (row_stride <= cols) return flat + width <= (rows - 1) * row_stride + cols;  // runs touch
+    // Compared as width <= end - flat: flat + width wraps for a huge flat index.
+    if (row_stride <= cols) return width <= (rows - 1) * row_stride + cols - flat;  // runs touch
     const std::int64_t row = flat / row_stride;
-    return row < rows && flat + width <= row * row_stride + cols;
+    return row < rows && width <= row * row_stride + cols - flat;
   }
 };
+
+// row * stride + column, or -1 (never an element) when a huge stride overflows int64.
+inline std::int64_t flat_index(std::int64_t row, std::int64_t stride, std::int64_t column) {
+  std::int64_t at = 0;
+  if (__builtin_mul_overflow(row, stride, &at) || __builtin_add_overflow(at, column, &at)) return -1;
+  return at;
+}
 
 inline void need_element(const char* kernel, const char* name, const Strided& t, std::int64_t flat,
                          const std::string& what) {
@@ -54,10 +62,10 @@ inline void need_rows(const char* kernel, const char* name, const Strided& t, st
                       std::int64_t width) {
   if (width <= 0) return;
   for (std::int64_t r = 0; r < rows; ++r)
-    if (!t.holds(r * stride, width))
+    if (!t.holds(flat_index(r, stride, 0), width))
       fail(kernel, name,
-           "must hold row " + std::to_string(r) + "'s " + std::to_string(width) + " elements at flat index " +
-               std::to_string(r * stride) + " (row stride " + std::to_string(stride) + ")");
+           "must hold row " + std::to_string(r) + "'s " + std::to_string(width) + " elements at row " +
+               std::to_string(r) + " x row stride " + std::to_string(stride));
 }
 
 // KV slot of a position (>= 0) in the table row starting at flat index `row`: the block column is

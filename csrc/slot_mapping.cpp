@@ -78,7 +78,7 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
                  "must hold positions >= 0 (C25), got " + std::to_string(static_cast<std::int64_t>(position[t])));
           const Split s = split(position[t], kbs, world, rank, interleave);
           if (s.local) {
-            const std::int64_t flat = request_of(qsl, t) * block_table_stride + s.virtual_block;
+            const std::int64_t flat = flat_index(request_of(qsl, t), block_table_stride, s.virtual_block);
             need_element(kSlots, "block_table_ptr", block_table, flat, "a local token's block");
           }
         }

@@ -307,6 +307,7 @@ def launch_invalid(backend: str, spec: KernelSpec, args: dict[str, Any], error: 
         (dict(table=[[1, 2], [3, 4]], n_blocks=3), ValueError, "block_table_ptr"),
         (dict(sliced=True, n_blocks=3), ValueError, "block_table_ptr"),  # reads the buffer's gap
         (dict(block_size=0), ValueError, "block_size"),
+        (dict(stride=2**63 - 1), ValueError, "block_table_ptr"),  # row 1 at a flat index that wraps in int64
         (dict(positions_dtype=torch.float32), TypeError, "positions_ptr"),
     ],
 )
@@ -315,6 +316,7 @@ def test_step_invalid(backend, change, error, param):
     table = table[:, :2] if change.get("sliced") else table
     a = step_args(change.get("positions", [50, 3]), table, [51, 4], change.get("input_batch_size", 2), block_size=change.get("block_size", 16))
     a["n_blocks_per_req"] = change.get("n_blocks", 2)
+    a["block_table_stride"] = change.get("stride", a["block_table_stride"])
     if "positions_dtype" in change:
         a["positions_ptr"] = a["positions_ptr"].to(change["positions_dtype"])
     launch_invalid(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a, error, param)
@@ -342,6 +344,7 @@ def test_inputs_padded_invalid(backend, field, value, param):
         ("BLOCK_SIZE_TOKENS", 2, ValueError, "BLOCK_SIZE_TOKENS"),  # < W = 3
         ("BLOCK_SIZE_TOKENS", 6, ValueError, "BLOCK_SIZE_TOKENS"),  # not a power of two
         ("stride_sampled_token_ids", 4, ValueError, "sampled_token_ids_ptr"),  # row 1 past the tensor
+        ("stride_sampled_token_ids", 2**63 - 1, ValueError, "sampled_token_ids_ptr"),  # flat + width wraps in int64
         ("discard_request_mask_ptr", torch.tensor([False]), ValueError, "discard_request_mask_ptr"),
         ("discard_request_mask_ptr", i32([0, 0]), TypeError, "discard_request_mask_ptr"),
     ],

@@ -107,12 +107,13 @@ def test_conformance(case):
         (dict(slot_mapping_ptr=torch.full((7,), POISON, dtype=I64)), "slot_mapping_ptr"),
         (dict(query_start_loc_ptr=i32([0, 3, 2])), "query_start_loc_ptr"),
         (dict(BLOCK_SIZE=1000), "BLOCK_SIZE"),
+        (dict(block_table_stride=2**63 - 1), "block_table_ptr"),  # request 1's row: a flat index that wraps in int64
     ],
 )
 def test_invalid(backend, change, param):
     a = slot_args([0, 3, 5], [0, 4, 17, 2, 3], TABLE, 8)
     a.update(change)
-    a["block_table_stride"] = a["block_table_ptr"].stride(0)
+    a["block_table_stride"] = change.get("block_table_stride", a["block_table_ptr"].stride(0))
     before = {k: v.clone() for k, v in a.items() if isinstance(v, torch.Tensor)}
     with pytest.raises(ValueError, match=param):
         BACKENDS[backend].resolve(contracts.COMPUTE_SLOT_MAPPING)(**a)
