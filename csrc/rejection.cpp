@@ -272,13 +272,36 @@ inline S score(const float* p, const float* q, const S* inv_q, std::int64_t j, s
 // lanes (GCC vector extensions: exact IEEE operations, lowered to whatever ISA the clone targets).
 //
 // The hot loop keeps only each lane's maximum (one vmax per vector; NaN never replaces a lane), not
-// where it was seen: tracking the index cost a compare and a blend per vector, and on two cores
-// the float64 scan was compute-bound (65 % of the read roofline). Every kSubBlock entries, a row
-// whose maximum rose strictly above its best so far rescans that sub-block, still in L1, for the
-// lowest index holding the new maximum. Strictly above: a tie stays with the earlier entry, as a
-// sequential strict-> scan keeps it. On random scores a row's best rises O(log n) times, so the
-// rescans cost about 1 % at vocab 152k.
-constexpr std::int64_t kSubBlock = 512;  // entries
+// where it was seen: tracking the index cost a compare and a blend per vector. After every
+// kSubBlock entries a row notes whether its best rose strictly (a tie stays with the earlier
+// entry, as a sequential strict-> scan keeps it) and in which sub-block; at the end it rescans
+// that one sub-block for the lowest index holding its best.
+constexpr std::int64_t kSubBlock = 256;  // entries
+
+// The largest lane of a vector whose lanes are never NaN, in log2(lanes) shuffles (a lane-by-lane
+// loop compiled to sixteen extracts, a third of the scan's time at 256-entry sub-blocks).
+template <class S, class VS>
+[[gnu::always_inline]] inline S max_lane(const VS& vector) {
+  constexpr int L = 64 / sizeof(S);
+  using I = std::conditional_t<sizeof(S) == 4, std::int32_t, std::int64_t>;
+  typedef I VI __attribute__((vector_size(64)));
+  VS v = vector;
+  const auto fold = [&v](const VI& swap) __attribute__((always_inline)) {
+    const VS h = __builtin_shuffle(v, swap);
+    v = h > v ? h : v;
+  };
+  if constexpr (L == 16) {
+    fold(VI{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    fold(VI{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    fold(VI{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    fold(VI{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  } else {
+    fold(VI{4, 5, 6, 7, 0, 1, 2, 3});
+    fold(VI{2, 3, 0, 1, 6, 7, 4, 5});
+    fold(VI{1, 0, 3, 2, 5, 4, 7, 6});
+  }
+  return v[0];
+}
 
 template <class S, bool NoDraft, bool Prefetch, int K>
 [[gnu::always_inline]] inline void scan_block(const float* const* p, const float* const* q, const S* inv_q,
@@ -318,10 +341,12 @@ template <class S, bool NoDraft, bool Prefetch, int K>
     at[k] = 0;
   }
   const std::int64_t groups = len / L;
+  std::int64_t rose[K];  // the first group of the sub-block where each row's best last rose
+  for (int k = 0; k < K; ++k) rose[k] = -1;
   for (std::int64_t g0 = 0; g0 < groups; g0 += G) {
     const std::int64_t g1 = std::min(groups, g0 + G);
     VS mv[K];
-    for (int k = 0; k < K; ++k) mv[k] = VS{} - inf;
+    for (int k = 0; k < K; ++k) mv[k] = VS{} + top[k];
     for (std::int64_t g = g0; g < g1; ++g) {
       // Software prefetch a few KiB ahead (see prefetch_streams()). Into every cache level (T0),
       // not non-temporal: Intel's NTA prefetch skips L2, and with nine streams per thread the
@@ -340,19 +365,26 @@ template <class S, bool NoDraft, bool Prefetch, int K>
       }
     }
     for (int k = 0; k < K; ++k) {
-      S m = -inf;
-      for (int l = 0; l < L; ++l) m = mv[k][l] > m ? mv[k][l] : m;
-      if (!(m > top[k])) continue;
-      top[k] = m;
-      for (std::int64_t g = g0; g < g1; ++g) {  // the first entry equal to m (-0.0 == 0.0: a tie)
-        VS s;
-        scores(k, g, *reinterpret_cast<const VS*>(inv_q + g * L), s);
-        int lane = L;
-        for (int l = L - 1; l >= 0; --l) lane = s[l] == m ? l : lane;
-        if (lane < L) {
-          at[k] = g * L + lane;
-          break;
-        }
+      const S m = max_lane<S>(mv[k]);
+      if (m > top[k]) {
+        top[k] = m;
+        rose[k] = g0;
+      }
+    }
+  }
+  // Only the sub-block where a row's best last rose holds its first occurrence (later equal
+  // scores never raised it): one rescan per row, for the lowest index equal to it.
+  for (int k = 0; k < K; ++k) {
+    if (rose[k] < 0) continue;
+    const std::int64_t g1 = std::min(groups, rose[k] + G);
+    for (std::int64_t g = rose[k]; g < g1; ++g) {
+      VS s;
+      scores(k, g, *reinterpret_cast<const VS*>(inv_q + g * L), s);
+      int lane = L;
+      for (int l = L - 1; l >= 0; --l) lane = s[l] == top[k] ? l : lane;
+      if (lane < L) {
+        at[k] = g * L + lane;
+        break;
       }
     }
   }
