@@ -15,7 +15,6 @@ Qwen 2 151936, Gemma 256000).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -24,7 +23,9 @@ from harness import (
     Case,
     assert_same,
     backends_for,
+    bare_entry,
     bench_kernel,
+    best_of,
     budget,
     cores,
     full_sweep,
@@ -291,19 +292,14 @@ def test_launch_overhead(benchmark, kernel):
     }[kernel]()
     k = getattr(cpu, kernel)
     args, grid = case.args, case.grid
-    converted = k.convert(k.spec.bind((), args))
-    entry = k.entry()
 
     def wrapped() -> None:
         k[grid](**args)
 
-    def bare() -> None:
-        entry(*converted)  # the C++ call alone, on arguments converted once
-
     with omp_threads(1):
         timed(benchmark, wrapped, 0.5)
-        wrapped_s = _best_of(wrapped)
-        c_s = _best_of(bare)
+        wrapped_s = best_of(wrapped)
+        c_s = best_of(bare_entry(k, args))
     info = benchmark.extra_info
     info.update(kernel=kernel, backend="cpu", mode="launch overhead", threads=1, B=1, N=case.sizes["N"], V=case.sizes["V"])
     info["us_wrapped"] = wrapped_s * 1e6
@@ -311,12 +307,3 @@ def test_launch_overhead(benchmark, kernel):
     info["wrapper_us"] = (wrapped_s - c_s) * 1e6
     benchmark.group = "launch overhead"
 
-
-def _best_of(fn: Any, n: int = 2000, repeat: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
-    return best
