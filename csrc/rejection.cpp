@@ -278,6 +278,16 @@ inline S score(const float* p, const float* q, const S* inv_q, std::int64_t j, s
 // that one sub-block for the lowest index holding its best.
 constexpr std::int64_t kSubBlock = 256;  // entries
 
+typedef float F8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef double D8 __attribute__((vector_size(64), aligned(8), may_alias));
+
+// Eight floats widened exactly to doubles, lane by lane: GCC 12 lowers __builtin_convertvector
+// of these to two 4-lane conversions and two shuffles (4 instructions instead of one vcvtps2pd
+// zmm), which held the float64 scan to 60-75 % of the read roofline on 2 cores.
+[[gnu::always_inline]] inline void widen(const F8& w, D8& out) {
+  out = D8{w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
+}
+
 // The largest lane of a vector whose lanes are never NaN, in log2(lanes) shuffles (a lane-by-lane
 // loop compiled to sixteen extracts, a third of the scan's time at 256-entry sub-blocks).
 template <class S, class VS>
@@ -331,7 +341,7 @@ template <class S, bool NoDraft, bool Prefetch, int K>
     if constexpr (sizeof(S) == 4)
       s = w;
     else
-      s = __builtin_convertvector(w, VS);  // widened exactly; the product is float64 (C17)
+      widen(w, s);  // widened exactly; the product is float64 (C17)
     s *= iq;
   };
   S top[K];
