@@ -70,7 +70,15 @@ def _preconditions(a: Mapping[str, Any]) -> None:
     require(int(positions.min()) >= 0, K10, "positions_ptr", f"must hold positions >= 0 (C25), got {int(positions.min())}")
     vbi, _, local = local_slots(a, positions)
     # The virtual block index is not clamped: it may run into the next row, never past the table (C22).
-    flat = (request * a["block_table_stride"] + vbi)[local]
+    stride = a["block_table_stride"]
+    if bool(local.any()):
+        # request * stride + vbi is affine in each, so its corners bound it; in Python ints, since
+        # int64 arithmetic wraps a huge stride onto a real element.
+        rs, vs = request[local], vbi[local]
+        corners = [r * stride + v for r in (int(rs.min()), int(rs.max())) for v in (int(vs.min()), int(vs.max()))]
+        require(all(-(2**63) <= c < 2**63 for c in corners), K10, "block_table_ptr",
+                f"is read at a flat index beyond int64 (row stride {stride}), which is not an element")
+    flat = (request * stride + vbi)[local]
     require_elements(K10, "block_table_ptr", a["block_table_ptr"], flat, "a local token's block")
 
 
