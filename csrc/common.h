@@ -25,6 +25,30 @@ constexpr std::int64_t kParallelSmallRows = 16384;
 // table) are worth threads far sooner.
 constexpr std::int64_t kParallelGatherRows = 256;
 
+// Vectorized streaming loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
+// load time, so the default build is fast on every machine.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SPECDIFF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SPECDIFF_CLONES
+#endif
+
+// Whether the scan prefetches in software. Intel's L2 streamer stops at every 4 KiB page and ramps
+// up again, which cost a third of the bandwidth of K4's nine-stream scans (16-core Xeon: 150
+// against 128 GB/s at 64 x 4 x 151936); AMD Zen's prefetchers follow a stream across pages, and
+// there the prefetch instructions only take load slots (Zen 5, 2 cores: 12 % slower with them).
+// Results never depend on it.
+constexpr std::int64_t kPrefetch = 2048;  // elements ahead: 8 KiB of float32 (Xeon: 150 GB/s, 141 at 4 KiB)
+
+inline bool prefetch_streams() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool intel_like = !__builtin_cpu_is("amd");
+  return intel_like;
+#else
+  return true;
+#endif
+}
+
 // Must match cpu_impl/launcher.py.
 enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4 };
 

@@ -8,6 +8,7 @@ void register_rejection(py::module_& m);
 void register_eagle(py::module_& m);
 void register_dflash(py::module_& m);
 void register_slot_mapping(py::module_& m);
+void register_roofline(py::module_& m);
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -20,6 +21,8 @@ PYBIND11_MODULE(_C, m) {
   specdiff::register_dflash(dflash);
   auto slot_mapping = m.def_submodule("slot_mapping", "KV slot mapping");
   specdiff::register_slot_mapping(slot_mapping);
+  auto roofline = m.def_submodule("roofline", "the benchmarks' read roofline (not a kernel)");
+  specdiff::register_roofline(roofline);
   m.def("max_threads", [] { return omp_get_max_threads(); });
   m.def("set_num_threads", [](int n) { omp_set_num_threads(n); });
 }

@@ -248,7 +248,6 @@ struct Best {
   std::int64_t index;
 };
 
-constexpr std::int64_t kPrefetch = 2048;  // elements ahead: 8 KiB of float32 (Xeon: 150 GB/s, 141 at 4 KiB)
 constexpr int kRows = 4;                  // draft positions scanned side by side
 
 // Scores are formed exactly as the oracle forms them: one float32 subtraction (or the target with
@@ -411,12 +410,7 @@ template <class S, bool NoDraft, bool Prefetch, int K>
 }
 
 // One entry point per (inv_q width, draft-probs) pair, compiled for AVX-512, AVX2 and baseline
-// x86-64 and picked at load time, so the default build is fast on every machine.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SPECDIFF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SPECDIFF_CLONES
-#endif
+// x86-64 (SPECDIFF_CLONES) and picked at load time, so the default build is fast on every machine.
 
 // Scans the draft tokens [tok, tok + n) of one request on chunk [lo, hi), kRows at a time, writing
 // best[token * chunks + k].
@@ -461,20 +455,6 @@ SPECDIFF_SCAN_REQUEST(scan_request_f32_nodraft_hw, float, true, false)
 SPECDIFF_SCAN_REQUEST(scan_request_f64_draft_hw, double, false, false)
 SPECDIFF_SCAN_REQUEST(scan_request_f64_nodraft_hw, double, true, false)
 #undef SPECDIFF_SCAN_REQUEST
-
-// Whether the scan prefetches in software. Intel's L2 streamer stops at every 4 KiB page and ramps
-// up again, which cost a third of the bandwidth of these nine-stream scans (16-core Xeon: 150
-// against 128 GB/s at 64 x 4 x 151936); AMD Zen's prefetchers follow a stream across pages, and
-// there the prefetch instructions only take load slots (Zen 5, 2 cores: 12 % slower with them).
-// Results never depend on it.
-bool prefetch_streams() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool intel_like = !__builtin_cpu_is("amd");
-  return intel_like;
-#else
-  return true;
-#endif
-}
 
 template <class S, bool NoDraft>
 void scan_rows(const float* p, const float* q, const S* inv_q, const std::int64_t* draft, std::int64_t tok,
