@@ -25,6 +25,16 @@ inline bool processes(const bool* is_greedy, std::int64_t r, bool want) {
   return is_greedy == nullptr || is_greedy[r] == want;
 }
 
+// The first n ids of a buffer fit the output's dtype: the kernel copies them into it (C5), and an
+// int64 id past int32 has no value there (the oracle refuses it; a cast would wrap it).
+inline void need_ids_fit(const char* kernel, const char* name, const Buffer& ids, std::int64_t n, const Buffer& out) {
+  if (ids.dtype != kInt64 || out.dtype != kInt32) return;
+  const std::int64_t* v = ids.as<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i)
+    if (v[i] < std::numeric_limits<std::int32_t>::min() || v[i] > std::numeric_limits<std::int32_t>::max())
+      fail(kernel, name, "must hold ids that fit output_token_ids_ptr's int32, got " + std::to_string(v[i]));
+}
+
 // Shared argument checks of K1 and K2; returns T.
 template <class C>
 std::int64_t check_rows(const char* kernel, const Buffer& out, const C* cu, std::int64_t b, const Buffer& draft,
@@ -37,6 +47,8 @@ std::int64_t check_rows(const char* kernel, const Buffer& out, const C* cu, std:
   need_len(kernel, "output_token_ids_ptr", out, b, max_spec_len + 1);
   need_len(kernel, "draft_token_ids_ptr", draft, t);
   need_len(kernel, "bonus_token_ids_ptr", bonus, b);
+  need_ids_fit(kernel, "draft_token_ids_ptr", draft, t, out);
+  need_ids_fit(kernel, "bonus_token_ids_ptr", bonus, b, out);
   if (is_greedy.present()) need_len(kernel, "is_greedy_ptr", is_greedy, b);
   const Cumulative<C> c{cu};
   const bool* g = is_greedy.present() ? is_greedy.as<bool>() : nullptr;
@@ -124,6 +136,7 @@ void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
     const std::int64_t t = check_rows(kRandom, out, cu.as<C>(), b, draft, bonus, is_greedy, false, max_spec_len, &most);
     need_len(kRandom, "uniform_probs_ptr", uniform, t);
     need_len(kRandom, "recovered_token_ids_ptr", recovered, t);
+    need_ids_fit(kRandom, "recovered_token_ids_ptr", recovered, t, out);
     need_len(kRandom, "target_probs_ptr", target_probs, t, vocab_size);
     if (!no_draft_probs) need_len(kRandom, "draft_probs_ptr", draft_probs, t, vocab_size);
     if (synthetic) need_len(kRandom, "synthetic_conditional_rates_ptr", rates, most);

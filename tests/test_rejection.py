@@ -226,6 +226,25 @@ def test_invalid_input_names_the_argument(backend):
 
 
 @pytest.mark.parametrize("backend", VALIDATING)
+@pytest.mark.parametrize("name", ["draft_token_ids_ptr", "bonus_token_ids_ptr", "recovered_token_ids_ptr"])
+def test_ids_must_fit_the_output_dtype(backend, name):
+    """An int64 id the kernel may copy into an int32 output must fit it (C5): torch refuses to store
+    2**62 there and a cast would wrap it, so it is refused, naming the tensor. An int64 output takes it."""
+    big = 2**62
+    draft, bonus, rec = i64([5, 6]), i64([[7]]), i64([3, 2])
+    ids = {"draft_token_ids_ptr": draft, "bonus_token_ids_ptr": bonus, "recovered_token_ids_ptr": rec}
+    ids[name].view(-1)[-1] = big
+    g = torch.tensor([False])
+    with pytest.raises(ValueError, match=name):
+        random(backend, full((1, 3)), i32([2]), draft, DP, TP, bonus, rec, f64([0.5, 0.3]), g, 2, rates=f32([1.0, 1.0]))
+    out = full((1, 3), dtype=torch.int64)
+    random(backend, out, i32([2]), draft, DP, TP, bonus, rec, f64([0.5, 0.3]), g, 2, rates=f32([1.0, 1.0]))
+    if name != "recovered_token_ids_ptr":  # K1 copies drafts (synthetic mode) and bonuses, never recovered ids
+        with pytest.raises(ValueError, match=name):
+            greedy(backend, full((1, 3)), i32([2]), draft, i64([5, 6]), bonus, 2, u=f64([0.5, 0.3]), rates=f32([1.0, 1.0]))
+
+
+@pytest.mark.parametrize("backend", VALIDATING)
 def test_flags_must_match_tensors(backend):
     with pytest.raises(ValueError, match="NO_DRAFT_PROBS"):
         run(backend, "sample_recovered_tokens_kernel", (1, 1), output_token_ids_ptr=i32([0]), cu_num_draft_tokens_ptr=i32([1]),

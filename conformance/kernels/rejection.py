@@ -46,11 +46,27 @@ def _rows_and_drafts(kernel: str, a: Mapping[str, Any], processed: torch.Tensor 
     require_length(kernel, "output_token_ids_ptr", out, b * (s + 1))
     require_length(kernel, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
     require_length(kernel, "bonus_token_ids_ptr", a["bonus_token_ids_ptr"], b)
+    _ids_fit(kernel, a, "draft_token_ids_ptr", t)
+    _ids_fit(kernel, a, "bonus_token_ids_ptr", b)
     if processed is not None:
         n = n[processed[:b]]
     if n.numel():
         require(int(n.max()) <= s, kernel, "max_spec_len", f"must be >= every processed row's draft count ({int(n.max())})")
     return b, t, n
+
+
+def _ids_fit(kernel: str, a: Mapping[str, Any], name: str, n: int) -> None:
+    """The first ``n`` ids of ``name`` fit the output's dtype: the kernel copies them into it (C5),
+    and an int64 id past int32 has no value there (torch refuses to store it; a cast wraps it)."""
+    x, out = a[name], a["output_token_ids_ptr"]
+    if n <= 0 or torch.iinfo(x.dtype).bits <= torch.iinfo(out.dtype).bits:
+        return
+    ids = x.reshape(-1)[:n]
+    lo, hi = int(ids.min()), int(ids.max())
+    fits = torch.iinfo(out.dtype)
+    bad = hi if hi > fits.max else lo
+    require(fits.min <= lo and hi <= fits.max, kernel, name,
+            f"must hold ids that fit output_token_ids_ptr's {str(out.dtype).removeprefix('torch.')}, got {bad}")
 
 
 def _synthetic(kernel: str, a: Mapping[str, Any], t: int, n: torch.Tensor) -> None:
@@ -80,6 +96,7 @@ def _random_preconditions(a: Mapping[str, Any]) -> None:
     _, t, n = _rows_and_drafts(k, a, ~g)
     require_length(k, "uniform_probs_ptr", a["uniform_probs_ptr"], t)
     require_length(k, "recovered_token_ids_ptr", a["recovered_token_ids_ptr"], t)
+    _ids_fit(k, a, "recovered_token_ids_ptr", t)
     v = a["vocab_size"]
     at_least(k, "vocab_size", v, 1)
     _prob_rows(k, a, "target_probs_ptr", t, v)
