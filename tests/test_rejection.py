@@ -213,6 +213,8 @@ def test_invalid_input_names_the_argument(backend):
         greedy(backend, full((1, 3)), i32([2, 2]), i32([1, 2]), i64([1, 2]), i32([[1], [2]]), 2)
     with pytest.raises(ValueError, match="max_spec_len"):
         greedy(backend, full((1, 2)), i32([2]), i32([1, 2]), i64([1, 2]), i32([[1]]), 1)
+    with pytest.raises(ValueError, match="max_spec_len"):  # a row stride past int64, even with no request
+        greedy(backend, full((1, 2)), i32([]), i32([]), i64([]), i32([[1]]), 2**63 - 1)
     with pytest.raises(TypeError, match="draft_token_ids_ptr"):
         greedy(backend, full((1, 3)), i32([2]), f32([1, 2]), i64([1, 2]), i32([[1]]), 2)
     with pytest.raises(TypeError, match="is_greedy_ptr"):

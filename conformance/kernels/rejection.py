@@ -42,6 +42,8 @@ def _rows_and_drafts(kernel: str, a: Mapping[str, Any], processed: torch.Tensor 
     n = counts(cu)
     s = a["max_spec_len"]
     require(s >= 0, kernel, "max_spec_len", f"must be >= 0, got {s}")
+    # The row stride max_spec_len + 1 is an int64 in the kernel, whatever the batch size.
+    require(s < 2**63 - 1, kernel, "max_spec_len", "must be < 2**63 - 1 (the row stride is max_spec_len + 1)")
     out = a["output_token_ids_ptr"]
     require_length(kernel, "output_token_ids_ptr", out, b * (s + 1))
     require_length(kernel, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
