@@ -266,6 +266,15 @@ def require_length(kernel: str, name: str, t: Any, need: int) -> None:
         require(t.numel() >= need, kernel, name, f"must hold at least {need} elements, has {t.numel()}")
 
 
+def require_fits(kernel: str, name: str, value: int, out_name: str, out: Any) -> None:
+    """A scalar the kernel stores into ``out`` is representable in its dtype (torch refuses to store
+    it otherwise, and a cast would wrap it)."""
+    if isinstance(out, torch.Tensor):
+        info = torch.iinfo(out.dtype)
+        dtype = str(out.dtype).removeprefix("torch.")
+        require(info.min <= value <= info.max, kernel, name, f"must fit {out_name}'s {dtype}, got {value}")
+
+
 def power_of_two(kernel: str, name: str, value: int) -> None:
     require(value >= 1 and value & (value - 1) == 0, kernel, name, f"must be a power of two, got {value}")
 

@@ -269,12 +269,7 @@ APPLIES: dict[str, Callable[[KernelSpec], bool]] = {
 # Known gaps, as data: (kernel, kind, parameter) -> the finding. The fuzz does not generate these
 # malformations (a generated one is redrawn) and every run prints them, until the owner fixes the
 # backend and deletes the entry.
-_PAD = "PAD_ID outside the output's dtype: the oracle raises (torch cannot store it), the C++ port wraps it; the contract should require it to fit, as K3 does for replace_to"
 QUARANTINE: dict[tuple[str, str, str], str] = {
-    ("eagle_step_slot_mapping_metadata_kernel", "huge scalar", "PAD_ID"): _PAD,
-    ("eagle_step_slot_mapping_metadata_kernel", "negative length", "PAD_ID"): _PAD,
-    ("compute_slot_mapping_kernel", "huge scalar", "PAD_ID"): _PAD,
-    ("compute_slot_mapping_kernel", "negative length", "PAD_ID"): _PAD,
     ("compute_slot_mapping_kernel", "huge scalar", "KV_CACHE_BLOCK_SIZE"):
         "KBS * W overflows: the contract's check raises OverflowError, the C++ port multiplies past int64",
     ("compute_slot_mapping_kernel", "huge scalar", "CP_KV_CACHE_INTERLEAVE_SIZE"):

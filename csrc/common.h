@@ -74,6 +74,13 @@ inline void need_at_least(const char* kernel, const char* name, std::int64_t val
   if (value < low) fail(kernel, name, "must be >= " + std::to_string(low) + ", got " + std::to_string(value));
 }
 
+// A scalar the kernel stores into `out` is representable in its dtype (the oracle cannot store it
+// otherwise; a cast would wrap it).
+inline void need_fits(const char* kernel, const char* name, std::int64_t value, const char* out_name, const Buffer& out) {
+  if (out.dtype == kInt32 && (value < std::numeric_limits<std::int32_t>::min() || value > std::numeric_limits<std::int32_t>::max()))
+    fail(kernel, name, std::string("must fit ") + out_name + "'s int32, got " + std::to_string(value));
+}
+
 inline void need_power_of_two(const char* kernel, const char* name, std::int64_t value) {
   if (value < 1 || (value & (value - 1)) != 0)
     fail(kernel, name, "must be a power of two, got " + std::to_string(value));

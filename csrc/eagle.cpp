@@ -43,6 +43,7 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
   for (std::int64_t r = 0; r < b; ++r)
     if (position[r] < -1)
       fail(kStep, "positions_ptr", "must hold positions >= -1 (C25), got " + std::to_string(position[r]));
+  need_fits(kStep, "PAD_ID", pad_id, "out_slot_mapping_ptr", out_slot_mapping);
 
   with_int(kStep, "block_table_ptr", block_table.data.dtype, [&](auto t_) {
     with_int(kStep, "seq_lens_ptr", seq_lens.dtype, [&](auto s_) {

@@ -60,6 +60,7 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
     fail(kSlots, "TOTAL_CP_RANK",
          "must be in [0, TOTAL_CP_WORLD_SIZE=" + std::to_string(world) + "), got " + std::to_string(rank));
   need_power_of_two(kSlots, "BLOCK_SIZE", block_size);
+  need_fits(kSlots, "PAD_ID", pad_id, "slot_mapping_ptr", slot_mapping);
 
   with_int(kSlots, "positions_ptr", positions.dtype, [&](auto p_) {
     with_int(kSlots, "block_table_ptr", block_table.data.dtype, [&](auto t_) {

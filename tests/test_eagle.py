@@ -308,6 +308,7 @@ def launch_invalid(backend: str, spec: KernelSpec, args: dict[str, Any], error: 
         (dict(sliced=True, n_blocks=3), ValueError, "block_table_ptr"),  # reads the buffer's gap
         (dict(block_size=0), ValueError, "block_size"),
         (dict(stride=2**63 - 1), ValueError, "block_table_ptr"),  # row 1 at a flat index that wraps in int64
+        (dict(pad_id=-(2**31) - 1), ValueError, "PAD_ID"),  # past the int32 out_slot_mapping
         (dict(positions_dtype=torch.float32), TypeError, "positions_ptr"),
     ],
 )
@@ -317,6 +318,9 @@ def test_step_invalid(backend, change, error, param):
     a = step_args(change.get("positions", [50, 3]), table, [51, 4], change.get("input_batch_size", 2), block_size=change.get("block_size", 16))
     a["n_blocks_per_req"] = change.get("n_blocks", 2)
     a["block_table_stride"] = change.get("stride", a["block_table_stride"])
+    if "pad_id" in change:
+        a["PAD_ID"] = change["pad_id"]
+        a["out_slot_mapping_ptr"] = a["out_slot_mapping_ptr"].to(torch.int32)
     if "positions_dtype" in change:
         a["positions_ptr"] = a["positions_ptr"].to(change["positions_dtype"])
     launch_invalid(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a, error, param)

@@ -108,6 +108,7 @@ def test_conformance(case):
         (dict(query_start_loc_ptr=i32([0, 3, 2])), "query_start_loc_ptr"),
         (dict(BLOCK_SIZE=1000), "BLOCK_SIZE"),
         (dict(block_table_stride=2**63 - 1), "block_table_ptr"),  # request 1's row: a flat index that wraps in int64
+        (dict(slot_mapping_ptr=torch.full((8,), POISON, dtype=torch.int32), PAD_ID=2**31), "PAD_ID"),  # past the int32 output
         # Request 2, virtual block 2: 2 * (2**63 - 1) + 2 wraps in int64 to element 0, a real element.
         (dict(query_start_loc_ptr=i32([0, 1, 1, 3]), positions_ptr=i64([0, 32, 33]), num_tokens=3, block_table_ptr=i32(TABLE + [[1, 2, 3, 4]]),
               block_table_stride=2**63 - 1), "block_table_ptr"),

@@ -17,6 +17,7 @@ from conformance.contract import (
     power_of_two,
     ptr,
     require,
+    require_fits,
     require_length,
     scalar,
 )
@@ -45,6 +46,7 @@ def _step_preconditions(a: Mapping[str, Any]) -> None:
     if b:
         low = int(a["positions_ptr"][:b].min())
         require(low >= -1, K5, "positions_ptr", f"must hold positions >= -1 (C25), got {low}")
+    require_fits(K5, "PAD_ID", a["PAD_ID"], "out_slot_mapping_ptr", a["out_slot_mapping_ptr"])
 
 
 def _explain_step(a: Mapping[str, Any], output: str, index: int) -> str:

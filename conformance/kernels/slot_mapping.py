@@ -21,6 +21,7 @@ from conformance.contract import (
     power_of_two,
     ptr,
     require,
+    require_fits,
     require_length,
     scalar,
 )
@@ -63,6 +64,7 @@ def _preconditions(a: Mapping[str, Any]) -> None:
     w, rank = a["TOTAL_CP_WORLD_SIZE"], a["TOTAL_CP_RANK"]
     require(0 <= rank < w, K10, "TOTAL_CP_RANK", f"must be in [0, TOTAL_CP_WORLD_SIZE={w}), got {rank}")
     power_of_two(K10, "BLOCK_SIZE", a["BLOCK_SIZE"])
+    require_fits(K10, "PAD_ID", a["PAD_ID"], "slot_mapping_ptr", a["slot_mapping_ptr"])
     request, tokens = _tokens(a)
     if not tokens.numel():
         return
