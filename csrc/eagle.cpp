@@ -189,9 +189,10 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
   const std::vector<std::int64_t> next = load_ints(kExpand, "next_token_ids_ptr", next_token_ids, b);
   need_at_least(kExpand, "num_padding_slots_per_request", P, 1);
   const std::int64_t net_new = P - (shift_input_ids ? 1 : 0);
-  // A huge P must not wrap the output length to one a short buffer passes (the fuzz's 2**62).
-  std::int64_t grown = 0, n_out = 0;
-  if (__builtin_mul_overflow(b, net_new, &grown) || __builtin_add_overflow(qsl[b], grown, &n_out))
+  // A huge P must not wrap the output length to one a short buffer passes (the fuzz's 2**62):
+  // b * net_new + qsl[b] is -1 when it overflows int64 (both terms are >= 0 otherwise).
+  const std::int64_t n_out = flat_index(b, net_new, qsl[b]);
+  if (n_out < 0)
     fail(kExpand, "out_input_ids_ptr",
          "must hold query_start_loc[-1] + " + std::to_string(b) + " * " + std::to_string(net_new) +
              " elements, more than any buffer, has " + std::to_string(out_input_ids.numel));

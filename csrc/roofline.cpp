@@ -7,8 +7,6 @@
 // slices of it side by side, 64-byte vectors, with K4's prefetch policy.
 #include <omp.h>
 
-#include <algorithm>
-
 #include "common.h"
 
 namespace specdiff {
