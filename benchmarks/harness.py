@@ -156,6 +156,7 @@ def measure_roofline(nbytes: int | None = None) -> Roofline:
     reader = _cpu_ext().roofline.read_streams
     nbytes = nbytes or max(1 << 30, 16 * llc_bytes())
     x = torch.rand(nbytes // 4)
+    bx = buf(x)
     half = x.numel() // 2
     y = torch.empty(half)
     detail: dict[str, float] = {}
@@ -163,7 +164,7 @@ def measure_roofline(nbytes: int | None = None) -> Roofline:
         with omp_threads(n):
             detail[f"read_{n}t"] = max(_best_rate(lambda: x.sum(), x.numel() * 4),
                                        _best_rate(lambda: torch.dot(x[:half], x[half:]), half * 8),
-                                       _best_rate(lambda: reader(buf(x), 9), x.numel() * 4))
+                                       _best_rate(lambda: reader(bx, 9), x.numel() * 4))
             detail[f"copy_{n}t"] = _best_rate(lambda: y.copy_(x[:half]), half * 8)
     if torch.cuda.is_available():
         g = torch.rand(1 << 28, device="cuda")  # 1 GiB of GPU memory

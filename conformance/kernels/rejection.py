@@ -42,7 +42,7 @@ def _rows_and_drafts(kernel: str, a: Mapping[str, Any], processed: torch.Tensor 
     t = int(cu[-1]) if b else 0
     n = counts(cu)
     s = a["max_spec_len"]
-    require(s >= 0, kernel, "max_spec_len", f"must be >= 0, got {s}")
+    at_least(kernel, "max_spec_len", s, 0)
     # The row stride max_spec_len + 1 is an int64 in the kernel, whatever the batch size.
     require(s < 2**63 - 1, kernel, "max_spec_len", "must be < 2**63 - 1 (the row stride is max_spec_len + 1)")
     out = a["output_token_ids_ptr"]
