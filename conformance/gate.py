@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EVERYTHING = (
     "conformance/contract.py", "conformance/runner.py", "conformance/backends.py", "conformance/strategies/__init__.py",
     "conformance/kernels/__init__.py", "cpu_impl/launcher.py", "cpu_impl/__init__.py", "csrc/common.h", "csrc/module.cpp",
+    "csrc/launch.h", "csrc/launch.cpp",
     "triton_impl/__init__.py", "reference/__init__.py", "setup.py", "pyproject.toml", "constraints.txt",
 )
 LAYERS = ("conformance/kernels", "conformance/strategies", "reference", "triton_impl", "cpu_impl", "csrc", "tests", "benchmarks")

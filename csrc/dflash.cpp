@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common.h"
+#include "launch.h"
 #include "metadata.h"
 
 namespace specdiff {
@@ -140,6 +141,6 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
 
 }  // namespace
 
-void register_dflash(py::module_& m) { m.def("copy_and_expand_dflash_inputs", &copy_and_expand_dflash_inputs); }
+void register_dflash(py::module_& m) { def_kernel<&copy_and_expand_dflash_inputs>(m, "copy_and_expand_dflash_inputs"); }
 
 }  // namespace specdiff

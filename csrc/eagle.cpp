@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common.h"
+#include "launch.h"
 #include "metadata.h"
 
 namespace specdiff {
@@ -264,10 +265,10 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
 }  // namespace
 
 void register_eagle(py::module_& m) {
-  m.def("eagle_step_slot_mapping_metadata", &eagle_step_slot_mapping_metadata);
-  m.def("eagle_prepare_inputs_padded", &eagle_prepare_inputs_padded);
-  m.def("eagle_prepare_next_token_padded", &eagle_prepare_next_token_padded);
-  m.def("copy_and_expand_eagle_inputs", &copy_and_expand_eagle_inputs);
+  def_kernel<&eagle_step_slot_mapping_metadata>(m, "eagle_step_slot_mapping_metadata");
+  def_kernel<&eagle_prepare_inputs_padded>(m, "eagle_prepare_inputs_padded");
+  def_kernel<&eagle_prepare_next_token_padded>(m, "eagle_prepare_next_token_padded");
+  def_kernel<&copy_and_expand_eagle_inputs>(m, "copy_and_expand_eagle_inputs");
 }
 
 }  // namespace specdiff

@@ -9,6 +9,7 @@ void register_eagle(py::module_& m);
 void register_dflash(py::module_& m);
 void register_slot_mapping(py::module_& m);
 void register_roofline(py::module_& m);
+void register_launcher(py::module_& m);
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -23,6 +24,7 @@ PYBIND11_MODULE(_C, m) {
   specdiff::register_slot_mapping(slot_mapping);
   auto roofline = m.def_submodule("roofline", "the benchmarks' read roofline (not a kernel)");
   specdiff::register_roofline(roofline);
+  specdiff::register_launcher(m);
   m.def("max_threads", [] { return omp_get_max_threads(); });
   m.def("set_num_threads", [](int n) { omp_set_num_threads(n); });
 }

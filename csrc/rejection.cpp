@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common.h"
+#include "launch.h"
 
 namespace specdiff {
 namespace {
@@ -557,10 +558,10 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
 }  // namespace
 
 void register_rejection(py::module_& m) {
-  m.def("rejection_greedy_sample", &rejection_greedy_sample);
-  m.def("rejection_random_sample", &rejection_random_sample);
-  m.def("expand", &expand);
-  m.def("sample_recovered_tokens", &sample_recovered_tokens);
+  def_kernel<&rejection_greedy_sample>(m, "rejection_greedy_sample");
+  def_kernel<&rejection_random_sample>(m, "rejection_random_sample");
+  def_kernel<&expand>(m, "expand");
+  def_kernel<&sample_recovered_tokens>(m, "sample_recovered_tokens");
 }
 
 }  // namespace specdiff

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common.h"
+#include "launch.h"
 #include "metadata.h"
 
 namespace specdiff {
@@ -103,6 +104,6 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
 
 }  // namespace
 
-void register_slot_mapping(py::module_& m) { m.def("compute_slot_mapping", &compute_slot_mapping); }
+void register_slot_mapping(py::module_& m) { def_kernel<&compute_slot_mapping>(m, "compute_slot_mapping"); }
 
 }  // namespace specdiff

@@ -1,0 +1,258 @@
+// cpu_impl._C.Launcher: a launch's type-level checks and conversion, and the call of the entry
+// point, in one C++ pass over the bound arguments. The checks are the contract's, handed over
+// as data by cpu_impl/launcher.py (one tuple per parameter); a launch they refuse is worded in
+// Python by the contract itself, so the messages live in one place.
+#include "launch.h"
+
+#include <vector>
+
+namespace specdiff {
+
+std::map<std::string, Entry>& entries() {
+  static std::map<std::string, Entry> table;
+  return table;
+}
+
+namespace {
+
+// Owned reference to a new object, or the pending Python error rethrown.
+py::object own(PyObject* o) {
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(o);
+}
+
+std::int64_t as_int64(PyObject* o) {
+  const long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+class Launcher {
+ public:
+  Launcher(const std::string& family, const std::string& name, const py::sequence& plan, const py::sequence& flags,
+           py::object tensor_type, py::object module, py::object check, py::object stand_in)
+      : tensor_type_(std::move(tensor_type)),
+        module_(std::move(module)),
+        entry_name_(name),
+        check_(std::move(check)),
+        stand_in_(std::move(stand_in)) {
+    const auto found = entries().find(family + "." + name);
+    if (found == entries().end()) throw py::value_error("no C++ entry point " + family + "." + name);
+    entry_ = found->second;
+    if (static_cast<std::size_t>(py::len(plan)) != entry_.arity)
+      throw py::value_error(family + "." + name + " takes " + std::to_string(entry_.arity) + " arguments, the plan has " +
+                            std::to_string(py::len(plan)));
+    // (name, is_ptr, optional, int_zero, {dtype: code}, contiguous, ranks): cpu_impl/launcher.py.
+    for (const py::handle item : plan) {
+      const auto t = item.cast<py::tuple>();
+      Param p;
+      PyObject* name = t[0].cast<py::str>().release().ptr();
+      PyUnicode_InternInPlace(&name);  // the launch's keyword names are interned: found by identity
+      p.name = py::reinterpret_steal<py::str>(name);
+      p.ptr = t[1].cast<bool>();
+      p.optional = t[2].cast<bool>();
+      p.int_zero = t[3].cast<bool>();
+      for (const auto kv : t[4].cast<py::dict>()) p.codes.emplace_back(py::reinterpret_borrow<py::object>(kv.first), kv.second.cast<int>());
+      p.contiguous = t[5].cast<bool>();
+      for (const py::handle r : t[6]) p.ranks |= 1u << r.cast<unsigned>();
+      params_.push_back(std::move(p));
+    }
+    native_ = module_.attr(entry_name_);
+    // (constexpr, tensor parameter, expect): the contract's Flag (C26), its test called as it is.
+    for (const py::handle item : flags) {
+      const auto t = item.cast<py::tuple>();
+      flags_.push_back({t[0].cast<py::str>(), t[1].cast<py::str>(), t[2]});
+    }
+  }
+
+  // A launch as the engine's call sites make it: every parameter by keyword and nothing else
+  // (then the keywords are the bound launch), or anything else, which returns kNotBound for
+  // cpu_impl/launcher.py to bind in Python and pass to run().
+  int call(const py::args& args, const py::kwargs& kwargs) {
+    if (!args.empty() || static_cast<std::size_t>(PyDict_GET_SIZE(kwargs.ptr())) != params_.size()) return kNotBound;
+    for (const Param& p : params_) {
+      const int has = PyDict_Contains(kwargs.ptr(), p.name.ptr());
+      if (has < 0) throw py::error_already_set();
+      if (has == 0) return kNotBound;
+    }
+    return run(kwargs);
+  }
+
+  // Converts the bound launch, checks the flags, calls the value check unless it is None, then
+  // the entry point: the native one, or a Python stand-in (given at construction, or put in the
+  // submodule in its place) called with the Python entry's arguments. Returns kLaunched once the
+  // entry point ran, or kRefused when an argument breaks the type-level contract; then nothing
+  // was called and nothing written.
+  int run(const py::dict& bound) {
+    std::vector<Arg> args(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!convert(params_[i], bound, args[i])) return kRefused;
+    for (const Flag& f : flags_) {
+      const int flag = PyObject_IsTrue(bound[f.constexpr_].ptr());
+      if (flag < 0) throw py::error_already_set();
+      const int want = PyObject_IsTrue(f.expect(bound[f.tensor]).ptr());
+      if (want < 0) throw py::error_already_set();
+      if (flag != want) return kRefused;
+    }
+    if (!check_.is_none()) check_(bound);
+    const py::object current = own(PyObject_GetAttr(module_.ptr(), entry_name_.ptr()));
+    const py::object& stand_in = stand_in_.is_none() && current.ptr() != native_.ptr() ? current : stand_in_;
+    if (stand_in.is_none()) {
+      entry_.invoke(args.data());
+    } else {
+      stand_in(*python_args(bound, args));
+    }
+    return kLaunched;
+  }
+
+  static constexpr int kLaunched = 0, kRefused = 1, kNotBound = 2;
+
+  // The native entry's Python arguments for the bound launch, or None when it breaks the
+  // type-level contract.
+  py::object python(const py::dict& bound) {
+    std::vector<Arg> args(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!convert(params_[i], bound, args[i])) return py::none();
+    return python_args(bound, args);
+  }
+
+ private:
+  struct Param {
+    py::str name;
+    bool ptr = false, optional = false, int_zero = false, contiguous = true;
+    std::vector<std::pair<py::object, int>> codes;  // dtype object -> C++ dtype code
+    unsigned ranks = 0;                              // bit n: n dimensions allowed
+  };
+
+  static void absent(Arg& out) { out.tensor = Strided{Buffer{0, -1, 0}, 0, 0, 0}; }
+
+  PyObject* call_method(PyObject* v, const py::str& method) const {
+    PyObject* self[] = {v};
+    return PyObject_VectorcallMethod(method.ptr(), self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  }
+
+  std::int64_t call_int(PyObject* v, const py::str& method) const { return as_int64(own(call_method(v, method)).ptr()); }
+
+  std::int64_t call_int(PyObject* v, const py::str& method, long arg) const {
+    const py::object a = own(PyLong_FromLong(arg));
+    PyObject* self[] = {v, a.ptr()};
+    return as_int64(own(PyObject_VectorcallMethod(method.ptr(), self, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr)).ptr());
+  }
+
+  bool truth(PyObject* v, const py::str& attr_or_method, bool is_method) const {
+    const py::object r = own(is_method ? call_method(v, attr_or_method) : PyObject_GetAttr(v, attr_or_method.ptr()));
+    return r.ptr() == Py_True;
+  }
+
+  // One parameter, as cpu_impl/launcher.py's contract plan says; false: refused.
+  bool convert(const Param& p, const py::dict& bound, Arg& out) const {
+    PyObject* v = PyDict_GetItemWithError(bound.ptr(), p.name.ptr());  // borrowed
+    if (v == nullptr) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      return false;
+    }
+    if (!p.ptr) {
+      if (!PyLong_Check(v)) return false;
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow != 0) return false;  // outside int64: the contract's check_scalars names it
+      if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+      out.value = x;
+      return true;
+    }
+    if (v == Py_None) {
+      absent(out);
+      return p.optional;
+    }
+    if (p.int_zero && PyLong_CheckExact(v)) {  // the integer 0 stands for no tensor (K9)
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow == 0 && x == 0) {
+        absent(out);
+        return true;
+      }
+    }
+    const int is_tensor = PyObject_IsInstance(v, tensor_type_.ptr());
+    if (is_tensor < 0) throw py::error_already_set();
+    if (is_tensor == 0) return false;
+    const py::object dtype = own(PyObject_GetAttr(v, s_dtype_.ptr()));
+    int code = -1;
+    for (const auto& [d, c] : p.codes)
+      if (d.ptr() == dtype.ptr()) code = c;
+    if (code < 0 || !truth(v, s_is_cpu_, false)) return false;
+    // One call for the rank and the element count (the binding layer costs about 35 ns a call).
+    const py::object shape = own(PyObject_GetAttr(v, s_shape_.ptr()));
+    if (!PyTuple_Check(shape.ptr())) return false;
+    const Py_ssize_t dim = PyTuple_GET_SIZE(shape.ptr());
+    if (dim >= 32 || !(p.ranks & (1u << dim))) return false;
+    std::int64_t numel = 1;
+    for (Py_ssize_t d = 0; d < dim; ++d) numel *= as_int64(PyTuple_GET_ITEM(shape.ptr(), d));
+    const bool contiguous = truth(v, s_is_contiguous_, true);
+    if (p.contiguous && !contiguous) return false;
+    // A table with an explicit row stride (a Strided) need only have unit inner stride.
+    if (!p.contiguous && !contiguous && dim > 0 && call_int(v, s_stride_, -1) != 1) return false;
+    out.tensor.data = Buffer{static_cast<std::uintptr_t>(call_int(v, s_data_ptr_)), code, numel};
+    if (contiguous) {  // one run of numel elements (conformance/kernels/_checks.py: geometry)
+      out.tensor.rows = 1;
+      out.tensor.cols = numel;
+      out.tensor.row_stride = numel;
+    } else {  // 2-D with unit inner stride (Param.contiguous=False)
+      out.tensor.rows = as_int64(PyTuple_GET_ITEM(shape.ptr(), 0));
+      out.tensor.cols = as_int64(PyTuple_GET_ITEM(shape.ptr(), 1));
+      out.tensor.row_stride = call_int(v, s_stride_, 0);
+    }
+    return true;
+  }
+
+  // What the Python entry point takes: None, (ptr, code, numel), (ptr, code, numel, rows,
+  // cols, row stride) for a Strided parameter, and scalars as the launch gave them.
+  py::tuple python_args(const py::dict& bound, const std::vector<Arg>& args) const {
+    py::tuple out(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Param& p = params_[i];
+      const Strided& t = args[i].tensor;
+      if (!p.ptr) {
+        out[i] = bound[p.name];
+      } else if (!t.data.present()) {
+        out[i] = py::none();
+      } else if (p.contiguous) {
+        out[i] = py::make_tuple(t.data.ptr, t.data.dtype, t.data.numel);
+      } else {
+        out[i] = py::make_tuple(t.data.ptr, t.data.dtype, t.data.numel, t.rows, t.cols, t.row_stride);
+      }
+    }
+    return out;
+  }
+
+  struct Flag {
+    py::str constexpr_, tensor;
+    py::object expect;
+  };
+
+  Entry entry_{};
+  std::vector<Param> params_;
+  std::vector<Flag> flags_;
+  py::object tensor_type_, module_;
+  py::str entry_name_;
+  py::object check_, stand_in_, native_;
+  py::str s_dtype_{"dtype"}, s_is_cpu_{"is_cpu"}, s_shape_{"shape"}, s_is_contiguous_{"is_contiguous"}, s_stride_{"stride"},
+      s_data_ptr_{"data_ptr"};
+};
+
+}  // namespace
+
+void register_launcher(py::module_& m) {
+  py::class_<Launcher>(m, "Launcher", "A kernel's launch in C++: type-level checks, conversion, the entry point's call.")
+      .def(py::init<const std::string&, const std::string&, const py::sequence&, const py::sequence&, py::object, py::object,
+                    py::object, py::object>(),
+           py::arg("family"), py::arg("name"), py::arg("plan"), py::arg("flags"), py::arg("tensor_type"), py::arg("module"),
+           py::arg("check"), py::arg("stand_in"))
+      .def("__call__", &Launcher::call)
+      .def("run", &Launcher::run, py::arg("bound"))
+      .def("python", &Launcher::python, py::arg("bound"))
+      .def_readonly_static("LAUNCHED", &Launcher::kLaunched)
+      .def_readonly_static("REFUSED", &Launcher::kRefused)
+      .def_readonly_static("NOT_BOUND", &Launcher::kNotBound);
+}
+
+}  // namespace specdiff
