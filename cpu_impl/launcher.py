@@ -20,7 +20,7 @@ from cpu_impl import _C
 
 # Must match csrc/common.h.
 DTYPE_CODES = {torch.int32: 0, torch.int64: 1, torch.float32: 2, torch.float64: 3, torch.bool: 4}
-_LAUNCHED, _NOT_BOUND = _C.Launcher.LAUNCHED, _C.Launcher.NOT_BOUND
+_LAUNCHED = _C.Launcher.LAUNCHED
 
 
 def buf(t: torch.Tensor | None) -> tuple[int, int, int] | None:
@@ -74,14 +74,10 @@ class CpuKernel:
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        # An engine's launch (every parameter by keyword) is bound, checked, converted and run in
-        # C++; any other form is bound here first.
-        status = self._launcher(*args, **kwargs)
-        if status == _NOT_BOUND:
-            kwargs = self.spec.bind(args, kwargs)
-            status = self._launcher.run(kwargs)
-        if status != _LAUNCHED:
-            self._refused(kwargs)
+        bound = self.spec.bind(args, kwargs)
+        # Checked against the contract, converted and run in C++ (csrc/launch.cpp).
+        if self._launcher.run(bound) != _LAUNCHED:
+            self._refused(bound)
 
     def _refused(self, bound: Args) -> NoReturn:
         """Raises the contract's own words for a launch the C++ launcher refused: the argument

@@ -65,19 +65,6 @@ class Launcher {
     }
   }
 
-  // A launch as the engine's call sites make it: every parameter by keyword and nothing else
-  // (then the keywords are the bound launch), or anything else, which returns kNotBound for
-  // cpu_impl/launcher.py to bind in Python and pass to run().
-  int call(const py::args& args, const py::kwargs& kwargs) {
-    if (!args.empty() || static_cast<std::size_t>(PyDict_GET_SIZE(kwargs.ptr())) != params_.size()) return kNotBound;
-    for (const Param& p : params_) {
-      const int has = PyDict_Contains(kwargs.ptr(), p.name.ptr());
-      if (has < 0) throw py::error_already_set();
-      if (has == 0) return kNotBound;
-    }
-    return run(kwargs);
-  }
-
   // Converts the bound launch, checks the flags, calls the value check unless it is None, then
   // the entry point: the native one, or a Python stand-in (given at construction, or put in the
   // submodule in its place) called with the Python entry's arguments. Returns kLaunched once the
@@ -105,7 +92,7 @@ class Launcher {
     return kLaunched;
   }
 
-  static constexpr int kLaunched = 0, kRefused = 1, kNotBound = 2;
+  static constexpr int kLaunched = 0, kRefused = 1;
 
   // The native entry's Python arguments for the bound launch, or None when it breaks the
   // type-level contract.
@@ -247,12 +234,10 @@ void register_launcher(py::module_& m) {
                     py::object, py::object>(),
            py::arg("family"), py::arg("name"), py::arg("plan"), py::arg("flags"), py::arg("tensor_type"), py::arg("module"),
            py::arg("check"), py::arg("stand_in"))
-      .def("__call__", &Launcher::call)
       .def("run", &Launcher::run, py::arg("bound"))
       .def("python", &Launcher::python, py::arg("bound"))
       .def_readonly_static("LAUNCHED", &Launcher::kLaunched)
-      .def_readonly_static("REFUSED", &Launcher::kRefused)
-      .def_readonly_static("NOT_BOUND", &Launcher::kNotBound);
+      .def_readonly_static("REFUSED", &Launcher::kRefused);
 }
 
 }  // namespace specdiff
