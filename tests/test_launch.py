@@ -100,3 +100,32 @@ def test_vllm_qualnames_point_at_our_modules(spec):
         for part in parts[first:]:
             obj = getattr(obj, part)
         assert obj is not None
+
+
+def test_the_cpp_launcher_refuses_a_plan_that_does_not_match_its_entry_point():
+    """The contract's plan and the C++ entry point's arity are checked against each other when a
+    launcher is built, so a parameter added on one side only fails at import, not at a launch."""
+    from cpu_impl import _C
+    from cpu_impl.launcher import CpuKernel
+
+    spec = kernels.get("expand_kernel")
+    plan = [(p.name, False, False, False, {}, True, (0,)) for p in spec.params]
+    with pytest.raises(ValueError, match=r"takes 6 arguments, the plan has 5"):
+        _C.Launcher("rejection", "expand", plan[:-1], [], torch.Tensor, _C.rejection, None, None)
+    with pytest.raises(ValueError, match=r"no C\+\+ entry point rejection.expand_v2"):
+        _C.Launcher("rejection", "expand_v2", plan, [], torch.Tensor, _C.rejection, None, None)
+    assert CpuKernel(spec)._launcher.run(spec.bind((), _expand_args())) == _C.Launcher.LAUNCHED
+
+
+def test_a_stand_in_entry_point_gets_the_python_entrys_arguments(monkeypatch):
+    """A function put in the submodule in the entry point's place is called instead of the native
+    entry, with the Python entry's arguments: (data_ptr, dtype code, numel) per tensor."""
+    from cpu_impl import _C
+
+    calls = []
+    monkeypatch.setattr(_C.rejection, "expand", lambda *a: calls.append(a))
+    a = _expand_args()
+    _cpu(kernels.get("expand_kernel"))[(2,)](**a)
+    assert a["output_ptr"].tolist() == [0.0, 0.0, 0.0]  # the native entry never ran
+    out = a["output_ptr"]
+    assert calls == [((out.data_ptr(), 2, 3), (a["input_ptr"].data_ptr(), 2, 2), (a["cu_num_tokens_ptr"].data_ptr(), 0, 2), 0, 1, 128)]
