@@ -71,9 +71,8 @@ class Launcher {
   // entry point ran, or kRefused when an argument breaks the type-level contract; then nothing
   // was called and nothing written.
   int run(const py::dict& bound) {
-    std::vector<Arg> args(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (!convert(params_[i], bound, args[i])) return kRefused;
+    std::vector<Arg> args;
+    if (!convert_all(bound, args)) return kRefused;
     for (const Flag& f : flags_) {
       const int flag = PyObject_IsTrue(bound[f.constexpr_].ptr());
       if (flag < 0) throw py::error_already_set();
@@ -97,9 +96,8 @@ class Launcher {
   // The native entry's Python arguments for the bound launch, or None when it breaks the
   // type-level contract.
   py::object python(const py::dict& bound) {
-    std::vector<Arg> args(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (!convert(params_[i], bound, args[i])) return py::none();
+    std::vector<Arg> args;
+    if (!convert_all(bound, args)) return py::none();
     return python_args(bound, args);
   }
 
@@ -111,19 +109,28 @@ class Launcher {
     unsigned ranks = 0;                              // bit n: n dimensions allowed
   };
 
+  bool convert_all(const py::dict& bound, std::vector<Arg>& args) const {
+    args.resize(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!convert(params_[i], bound, args[i])) return false;
+    return true;
+  }
+
   static void absent(Arg& out) { out.tensor = Strided{Buffer{0, -1, 0}, 0, 0, 0}; }
 
+  // PY_VECTORCALL_ARGUMENTS_OFFSET lets the callee borrow the slot before the arguments, so
+  // each argument vector keeps one spare slot in front.
   PyObject* call_method(PyObject* v, const py::str& method) const {
-    PyObject* self[] = {v};
-    return PyObject_VectorcallMethod(method.ptr(), self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    PyObject* stack[] = {nullptr, v};
+    return PyObject_VectorcallMethod(method.ptr(), stack + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
   }
 
   std::int64_t call_int(PyObject* v, const py::str& method) const { return as_int64(own(call_method(v, method)).ptr()); }
 
   std::int64_t call_int(PyObject* v, const py::str& method, long arg) const {
     const py::object a = own(PyLong_FromLong(arg));
-    PyObject* self[] = {v, a.ptr()};
-    return as_int64(own(PyObject_VectorcallMethod(method.ptr(), self, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr)).ptr());
+    PyObject* stack[] = {nullptr, v, a.ptr()};
+    return as_int64(own(PyObject_VectorcallMethod(method.ptr(), stack + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr)).ptr());
   }
 
   bool truth(PyObject* v, const py::str& attr_or_method, bool is_method) const {
