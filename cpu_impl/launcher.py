@@ -51,7 +51,6 @@ class CpuKernel:
         entry: Callable[..., None] | None = None,
     ) -> None:
         self.spec = spec
-        self._check = check
         self._entry = entry
         family, self._entry_name = cpp_entry_name(spec)
         self._module = getattr(_C, family)

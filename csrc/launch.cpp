@@ -133,11 +133,6 @@ class Launcher {
     return as_int64(own(PyObject_VectorcallMethod(method.ptr(), stack + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr)).ptr());
   }
 
-  bool truth(PyObject* v, const py::str& attr_or_method, bool is_method) const {
-    const py::object r = own(is_method ? call_method(v, attr_or_method) : PyObject_GetAttr(v, attr_or_method.ptr()));
-    return r.ptr() == Py_True;
-  }
-
   // One parameter, as cpu_impl/launcher.py's contract plan says; false: refused.
   bool convert(const Param& p, const py::dict& bound, Arg& out) const {
     PyObject* v = PyDict_GetItemWithError(bound.ptr(), p.name.ptr());  // borrowed
@@ -173,7 +168,7 @@ class Launcher {
     int code = -1;
     for (const auto& [d, c] : p.codes)
       if (d.ptr() == dtype.ptr()) code = c;
-    if (code < 0 || !truth(v, s_is_cpu_, false)) return false;
+    if (code < 0 || own(PyObject_GetAttr(v, s_is_cpu_.ptr())).ptr() != Py_True) return false;
     // One call for the rank and the element count (the binding layer costs about 35 ns a call).
     const py::object shape = own(PyObject_GetAttr(v, s_shape_.ptr()));
     if (!PyTuple_Check(shape.ptr())) return false;
@@ -181,7 +176,7 @@ class Launcher {
     if (dim >= 32 || !(p.ranks & (1u << dim))) return false;
     std::int64_t numel = 1;
     for (Py_ssize_t d = 0; d < dim; ++d) numel *= as_int64(PyTuple_GET_ITEM(shape.ptr(), d));
-    const bool contiguous = truth(v, s_is_contiguous_, true);
+    const bool contiguous = own(call_method(v, s_is_contiguous_)).ptr() == Py_True;
     if (p.contiguous && !contiguous) return false;
     // A table with an explicit row stride (a Strided) need only have unit inner stride.
     if (!p.contiguous && !contiguous && dim > 0 && call_int(v, s_stride_, -1) != 1) return false;
