@@ -12,11 +12,28 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from conformance.contract import KernelSpec
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Cases a backend declares it does not support (data: a name, the kernels, a test, the reason).
+
+    Such a case is still launched: a refusal with a Python exception is counted ``unsupported``,
+    never ``fail``; outputs the backend does produce are compared like any other.
+    """
+
+    name: str
+    kernels: tuple[str, ...] | None  # None: every kernel
+    when: Callable[[KernelSpec, Mapping[str, Any]], bool]
+    reason: str
+
+    def covers(self, spec: KernelSpec, args: Mapping[str, Any]) -> bool:
+        return (self.kernels is None or spec.name in self.kernels) and bool(self.when(spec, args))
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,16 @@ class Backend:
     # Refuses out-of-contract launches with TypeError/ValueError before touching memory (§1.12);
     # the malformed-input fuzz (conformance/fuzz.py) holds every such backend to it.
     validates: bool = False
+    # The engine under test (vLLM's own kernels): run only when asked for, and its disagreements
+    # are findings about the engine (conformance/findings.py).
+    engine: bool = False
+    # What it declines (see Capability); Triton launch options it accepts and ignores (§1.9).
+    capabilities: tuple[Capability, ...] = ()
+    launch_options: bool = True
+
+    def unsupported(self, spec: KernelSpec, args: Mapping[str, Any]) -> str | None:
+        """The first declared capability the case falls outside of, or None."""
+        return next((c.name for c in self.capabilities if c.covers(spec, args)), None)
 
     def launcher(self, kernel: Any, grid: Any) -> Any:
         """What a launch calls: ``kernel[grid]``, or the kernel itself for a gridless backend."""
@@ -51,6 +78,14 @@ ORACLE = "reference"
 def register_backend(backend: Backend) -> Backend:
     BACKENDS[backend.name] = backend
     return backend
+
+
+def known(names: list[str] | None, what: str = "--backend") -> list[str]:
+    """``names`` unchanged when every one is registered; otherwise a ValueError listing the known ones."""
+    unknown = [n for n in names or [] if n not in BACKENDS]
+    if unknown:
+        raise ValueError(f"{what}: unknown backend {', '.join(map(repr, unknown))}; known: {', '.join(BACKENDS)}")
+    return list(names or [])
 
 
 def resolve_kernel(name: str, spec: KernelSpec) -> tuple[Backend, Any]:
@@ -122,6 +157,9 @@ def _triton_split(spec: KernelSpec) -> Any:
 # The split-vocabulary layout of sample_recovered_tokens (triton_impl/rejection.py); the engine's
 # layout stays the "triton" backend's, with the engine's signature and grid.
 register_backend(Backend("triton-split", _triton_split, _triton_device, _triton_mode, _triton_unavailable, base="triton"))
+
+# vLLM's own kernels and CPU port (conformance/engine), unavailable until a vLLM is named.
+importlib.import_module("conformance.engine")
 
 for _ep in importlib.metadata.entry_points(group="specdiff.backends"):
     register_backend(_ep.load())

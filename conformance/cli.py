@@ -24,9 +24,13 @@ import hypothesis
 from hypothesis import Phase, given, settings
 
 from conformance import kernels
-from conformance.backends import BACKENDS, ORACLE
+from conformance import engine
+from conformance import findings as findings_mod
+from conformance.backends import BACKENDS, ORACLE, known
+from conformance.engine.source import SourceError
+from conformance.findings import Findings
 from conformance.profiles import PROFILES
-from conformance.runner import Disagreement, load_case, replay_command, run_case, save_case
+from conformance.runner import Diff, Disagreement, load_case, replay_command, run_case, save_case
 
 BUILT_IN = ("reference", "triton", "cpu")
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
@@ -43,27 +47,42 @@ def _backend_mode(name: str) -> str:
 
 
 def check_kernel(
-    name: str, backends: list[str], seed: int | None, states: Counter[str] | None = None, shrink: bool = True
+    name: str, backends: list[str], seed: int | None, states: Counter[str] | None = None, shrink: bool = True,
+    findings: Findings | None = None, call_site: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Runs the kernel's Hypothesis cases through ``backends``; returns a per-backend report.
 
     ``states`` tallies, per coverage class, the cases that reached it (conformance/coverage.py).
+    With ``findings`` the run keeps going: every example runs and every disagreement, departure
+    and unsupported case is added there; without, the first disagreement stops the kernel (and is
+    shrunk). ``call_site`` draws only what vLLM's call sites pass.
     """
     from conformance import coverage
     from conformance.strategies import cases
 
     tally: Counter[str] = Counter()
     odd: Counter[str] = Counter()
+    declined: Counter[str] = Counter()
+    departed: Counter[str] = Counter()
 
-    @given(case=cases(name))
+    @given(case=cases(name, call_site=call_site))
     def prop(case: Any) -> None:
         tally["examples"] += 1
+        notes: list[Diff] = []
         try:
-            outcomes = run_case(case, backends)
+            outcomes = run_case(case, backends, notes)
         except Disagreement as d:
             odd.update(d.backends)
-            path = save_case(case)
-            raise Disagreement(f"{d}\n  replay: {replay_command(path)}", d.backends) from None
+            if findings is None:
+                path = save_case(case, meta={"backends": backends})
+                raise Disagreement(f"{d}\n  replay: {replay_command(path)}", d.backends, d.diffs) from None
+            for diff in d.diffs:
+                findings.add(case, diff, str(d))
+            outcomes = {}
+        for n in notes:
+            (declined if n.kind == "unsupported" else departed)[n.backend] += 1
+            if findings is not None:
+                findings.add(case, n, n.detail)
         oracle = outcomes.get(ORACLE)
         if states is not None and oracle is not None and oracle.error is None:
             try:
@@ -73,7 +92,7 @@ def check_kernel(
 
     if seed is not None:
         prop = hypothesis.seed(seed)(prop)
-    if not shrink:  # report the first failing case as found (the mutants session wants speed)
+    if not shrink or findings is not None:  # report the first failing case as found (the mutants session wants speed)
         prop = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])(prop)
     failure: BaseException | None = None
     started = time.perf_counter()
@@ -88,15 +107,16 @@ def check_kernel(
     report = {}
     for b in backends:
         entry: dict[str, Any] = {
-            "status": "pass",
+            "status": "fail" if odd[b] else "pass",
             "examples": tally["examples"],
             "failures": odd[b],
+            "unsupported": declined[b],
+            "departs": departed[b],
             "mode": _backend_mode(b),
             "seconds": round(elapsed, 2),
             "message": None,
         }
         if isinstance(failure, Disagreement) and b in failure.backends:
-            entry["status"] = "fail"
             entry["message"] = str(failure)
         elif failure is not None and not isinstance(failure, Disagreement):
             entry["status"] = "error"
@@ -105,14 +125,14 @@ def check_kernel(
     return report
 
 
-def _available(spec_name: str, wanted: list[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+def _available(spec_name: str, wanted: list[str], asked: set[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
     spec = kernels.get(spec_name)
     runnable, skipped = [], {}
     for b in wanted:
         backend = BACKENDS[b]
         why = backend.unavailable()
         if why is None and backend.resolve(spec) is None:
-            if b not in BUILT_IN:
+            if b not in BUILT_IN and b not in asked:
                 continue  # a partial backend (one with a base) only answers for its own kernels
             skipped[b] = {"status": "missing", "examples": 0, "failures": 0, "mode": backend.mode(), "message": f"{b} has no {spec.name}"}
         elif why is not None:
@@ -124,16 +144,33 @@ def _available(spec_name: str, wanted: list[str]) -> tuple[list[str], dict[str, 
 
 def _table(results: dict[str, dict[str, dict[str, Any]]], backends: list[str]) -> str:
     width = max(len(k) for k in results) + 2
-    cols = [f"{'kernel':<{width}}"] + [f"{b:<30}" for b in backends]
-    lines = ["".join(cols), "-" * (width + 30 * len(backends))]
+    cols = [f"{'kernel':<{width}}"] + [f"{b:<38}" for b in backends]
+    lines = ["".join(cols), "-" * (width + 38 * len(backends))]
     for kernel, per in results.items():
         row = [f"{kernel:<{width}}"]
         for b in backends:
             e = per.get(b)
             cell = "-" if e is None else f"{e['status']} {e['examples']} ({e['mode']})"
-            row.append(f"{cell:<30}")
+            extra = [f"{e[k]} {k}" for k in ("unsupported", "departs") if e and e.get(k)]
+            cell += f" [{', '.join(extra)}]" if extra else ""
+            row.append(f"{cell:<38}")
         lines.append("".join(row))
     return "\n".join(lines)
+
+
+def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The kernels and backends a run asked for; unknown names are a ValueError listing the known ones."""
+    unknown = [k for k in ns.kernel or [] if k not in kernels.SPECS]
+    if unknown:
+        raise ValueError(f"--kernel: unknown kernel {', '.join(map(repr, unknown))}; known: {', '.join(kernels.SPECS)}")
+    asked = known(ns.backend)
+    if getattr(ns, "vllm", None):
+        engine.use(ns.vllm)
+        asked = asked or [*BUILT_IN, *(b for b, be in BACKENDS.items() if be.engine)]
+    backends = asked or [b for b, be in BACKENDS.items() if b in BUILT_IN or (not be.engine and be.unavailable() is None)]
+    if ORACLE not in backends:
+        backends.insert(0, ORACLE)
+    return ns.kernel or list(kernels.SPECS), backends
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -142,28 +179,33 @@ def cmd_run(ns: argparse.Namespace) -> int:
     seed = ns.seed
     if seed is None and not profile.derandomize:
         seed = random.getrandbits(32)  # printed, so any failure can be replayed with --seed
-    names = ns.kernel or list(kernels.SPECS)
-    backends = ns.backend or [b for b in BACKENDS]
-    if ORACLE not in backends:
-        backends.insert(0, ORACLE)
+    names, backends = _select(ns)
+    asked = set(ns.backend or []) | ({b for b in backends if BACKENDS[b].engine} if ns.vllm else set())
+    engine_run = any(BACKENDS[b].engine for b in backends)
+    keep_going = ns.keep_going if ns.keep_going is not None else engine_run
+    found = Findings() if keep_going else None
     print(
         f"specdiff conformance: profile {ns.profile} ({profile.max_examples} examples per kernel, "
-        f"{'derandomized' if profile.derandomize else f'seed {seed}'}); triton {_backend_mode('triton') if 'triton' in BACKENDS else '-'}",
+        f"{'derandomized' if profile.derandomize else f'seed {seed}'}); triton {_backend_mode('triton') if 'triton' in BACKENDS else '-'}"
+        + ("; keep going" if keep_going else "") + ("; call-site cases only" if ns.call_site else ""),
         flush=True,
     )
+    for b in backends:
+        if BACKENDS[b].engine and BACKENDS[b].unavailable() is None:
+            print(f"  {b}: {BACKENDS[b].mode()} from {engine.source().label if engine.named() != engine.INSTALLED else 'the installed vLLM'}", flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
     for name in names:
-        runnable, skipped = _available(name, backends)
+        runnable, skipped = _available(name, backends, asked)
         seen: Counter[str] = Counter()
-        per = check_kernel(name, runnable, seed, seen, shrink=not ns.no_shrink) if len(runnable) > 1 else {}
+        per = check_kernel(name, runnable, seed, seen, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site) if len(runnable) > 1 else {}
         per.update(skipped)
         results[name] = {b: per[b] for b in backends if b in per}
         statuses = {b: e["status"] for b, e in results[name].items()}
         print(f"  {name}: {statuses} in {max((e.get('seconds', 0) for e in per.values()), default=0)} s", flush=True)
         for e in per.values():
-            if e["status"] in ("fail", "error") and e["message"]:
+            if e["status"] in ("fail", "error") and e["message"] and found is None:
                 print("\n" + e["message"] + "\n", flush=True)
                 break
         complete = len(runnable) > 1 and all(e["status"] == "pass" for e in per.values() if e["status"] != "skipped")
@@ -174,7 +216,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     for name, st in states.items():
         line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
         print(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
-    report = {
+    report: dict[str, Any] = {
         "schema": 1,
         "profile": ns.profile,
         "max_examples": profile.max_examples,
@@ -184,6 +226,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "kernels": results,
         "coverage": states,
     }
+    unseen: list[findings_mod.Expected] = []
+    if found is not None:
+        found.save({"backends": backends})
+        known = findings_mod.expected(ns.expected) if engine_run else []
+        unseen = findings_mod.mark_expected(found, known)
+        report["vllm"] = engine.named()
+        report["findings"] = [f.to_json() for f in found]
+        _print_findings(found, unseen)
     path = Path(ns.report)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
@@ -194,14 +244,32 @@ def cmd_run(ns: argparse.Namespace) -> int:
         f"{k}/{b}"
         for k, per in results.items()
         for b, e in per.items()
-        if e["status"] in ("fail", "error") or (e["status"] == "missing" and b in BUILT_IN)
+        if e["status"] == "error" or (e["status"] == "fail" and found is None)
+        or (e["status"] == "missing" and (b in BUILT_IN or b in asked))
     ]
+    if found is not None:
+        bad += [f"new finding: {f.kernel} x {f.backend} ({f.kind}, {f.rule or '-'})" for f in found if f.status == "fail" and not f.expected]
     if require:
         bad += [f"{k}/coverage ({', '.join(st['missing'])} never generated)" for k, st in states.items() if st["missing"]]
     if bad:
         print(f"FAILED: {', '.join(bad)}")
         return 1
     return 0
+
+
+def _print_findings(found: Findings, unseen: list[findings_mod.Expected]) -> None:
+    groups = list(found)
+    print(f"\nfindings ({len(groups)} groups; status, kernel x backend, kind, rule, cases):")
+    for f in groups:
+        print("  " + f.headline())
+    for f in groups:
+        if f.status == "fail":
+            print(f"\n--- {f.kernel} x {f.backend}: {f.kind} at '{f.output}' ({f.rule or '-'}), smallest of {f.count} cases")
+            print(f.message)
+            if f.replay:
+                print(f"  replay: {f.replay}")
+    for e in unseen:
+        print(f"\nexpected finding {e.id} ({e.kernel} x {e.backend}, {e.kind}, {e.rule}) was not seen this run")
 
 
 def _states(name: str, seen: Counter[str], complete: bool) -> dict[str, Any]:
@@ -247,13 +315,21 @@ def _versions() -> dict[str, str]:
 
 def cmd_replay(ns: argparse.Namespace) -> int:
     case = load_case(ns.path)
-    backends = ns.backend or [b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec)]
+    recorded = case.meta.get("vllm") if isinstance(case.meta.get("vllm"), str) else None
+    if ns.vllm or recorded:
+        engine.use(ns.vllm or recorded)
+    backends = known(ns.backend) or [
+        b for b in case.meta.get("backends", []) if isinstance(b, str) and b in BACKENDS
+    ] or [b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec)]
     print(f"replaying {case.kernel} on {', '.join(f'{b} ({_backend_mode(b)})' for b in backends)}")
+    notes: list[Diff] = []
     try:
-        run_case(case, backends)
+        run_case(case, backends, notes)
     except Disagreement as d:
         print(d)
         return 1
+    for n in notes:
+        print(f"  {n.backend}: {'unsupported' if n.kind == 'unsupported' else f'departs ({n.departure})'}: {n.rule or n.detail}")
     print("all backends agree")
     return 0
 
@@ -276,18 +352,31 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--report", default="reports/conformance.json")
     run.add_argument("--junit", help="also write a JUnit XML report here (one test per kernel and backend, one per kernel's state coverage)")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
+    run.add_argument("--vllm", metavar="VERSION|PATH",
+                     help="also run vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): a release such as 0.33.0 "
+                          "(fetched from the package index), a wheel, an sdist, a source tree, or 'installed'")
+    run.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=None,
+                     help="run every example and report findings grouped by kernel x backend x output x kind x rule "
+                          "(default: on when an engine backend runs)")
+    run.add_argument("--call-site", action="store_true", help="only the dtypes, flags and launch forms vLLM's call sites pass")
+    run.add_argument("--expected", help="the engine's known findings (default: conformance/engine/expected.toml)")
     run.add_argument("--require-coverage", action=argparse.BooleanOptionalAction, default=None,
                      help="fail when a required state class was never generated (default: on for the ci and nightly profiles)")
     run.set_defaults(func=cmd_run)
     replay = sub.add_parser("replay", help="re-run one saved case")
     replay.add_argument("path")
-    replay.add_argument("--backend", action="append")
+    replay.add_argument("--backend", action="append", help="only this backend (default: the backends the case was saved from)")
+    replay.add_argument("--vllm", metavar="VERSION|PATH", help="the vLLM for the engine backends (default: the one recorded in the case)")
     replay.set_defaults(func=cmd_replay)
     sub.add_parser("list", help="kernels and the backends that implement them").set_defaults(func=cmd_list)
     for tool in TOOLS:  # the harness's checks of itself: each module adds its own subcommand
         importlib.import_module(f"conformance.{tool}").add_parser(sub)
     ns = parser.parse_args(argv)
-    return ns.func(ns)
+    try:
+        return ns.func(ns)
+    except (ValueError, KeyError, SourceError) as e:  # bad names, paths or files: one line, no traceback
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ class KernelSpec:
     flags: tuple[Flag, ...] = ()
     # Describes what decided output cell ``index`` of ``output``: used by failure reports.
     explain: Callable[[Mapping[str, Any], str, int], str] | None = None
+    # The contract clause (§5, e.g. "C10 negative draft") that decides output cell ``index`` of
+    # ``output``, given how it differs (Diff.kind): findings are grouped by it.
+    rule: Callable[[Mapping[str, Any], str, int, str], str] | None = None
     # Bytes a launch must move at least (reads + writes), for benchmarks' GB/s.
     bytes_moved: Callable[[Mapping[str, Any]], int] | None = None
     doc: str = ""

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from conformance import kernels
+from conformance import departures, kernels
 from conformance.backends import BACKENDS, ORACLE, Backend
 from conformance.contract import KernelSpec, Kind, Role
 
@@ -45,6 +45,8 @@ class Case:
     grid: tuple[int, ...] | None = None
     positional: bool = False
     note: str = ""
+    # How a saved case was run: {"backends": [...], "vllm": "0.33.0"} (see save_case).
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def spec(self) -> KernelSpec:
@@ -140,12 +142,36 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
     return Outcome(outputs={p.name: args[p.name].cpu() for p in spec.outputs if isinstance(args[p.name], torch.Tensor)})
 
 
+@dataclass(frozen=True)
+class Diff:
+    """How one backend departs from the verdict on one case: the first differing cell of one output.
+
+    ``kind`` is "error" (raised on in-contract input), "accepted invalid input", "modified input",
+    "unwritten" (a cell the verdict writes still holds the poison), "stray write" (a cell the verdict
+    leaves untouched was written) or "value"; ``rule`` is the contract clause deciding the cell
+    (``KernelSpec.rule``); ``departure`` the §5 decision that explains it for an engine backend.
+    """
+
+    backend: str
+    output: str
+    kind: str
+    rule: str = ""
+    index: int = -1
+    detail: str = ""
+    departure: str | None = None
+
+    @property
+    def group(self) -> tuple[str, str, str, str]:
+        return (self.backend, self.output, self.kind, self.departure or self.rule)
+
+
 class Disagreement(AssertionError):
     """Backends wrote different outputs for one case. ``backends`` are the odd ones out."""
 
-    def __init__(self, message: str, backends: list[str]) -> None:
+    def __init__(self, message: str, backends: list[str], diffs: tuple[Diff, ...] = ()) -> None:
         super().__init__(message)
         self.backends = backends
+        self.diffs = diffs
 
 
 def _key(o: Outcome) -> Any:
@@ -154,8 +180,42 @@ def _key(o: Outcome) -> Any:
     return tuple((k, v.dtype, tuple(v.shape), tuple(_bits(v).reshape(-1).tolist())) for k, v in sorted(o.outputs.items()))
 
 
-def compare(case: Case, outcomes: dict[str, Outcome], variant: int = 0) -> None:
-    """Raises :class:`Disagreement` unless every backend wrote the same outputs."""
+def _diffs(case: Case, backend: str, got: Outcome, good: Outcome | None, variant: int) -> list[Diff]:
+    """The first differing cell of each output of ``got`` against the verdict ``good``."""
+    spec = case.spec
+    if got.error is not None:
+        kind = "modified input" if got.error.startswith("modified its input") else "error"
+        return [Diff(backend, "-", kind, detail=got.error.splitlines()[0])]
+    if good is None or good.error is not None:
+        return [Diff(backend, "-", "value", detail="wrote outputs where the verdict raised")]
+    out = []
+    for name in sorted(good.outputs):
+        want, have = _bits(good.outputs[name]).reshape(-1), _bits(got.outputs[name]).reshape(-1)
+        if want.shape != have.shape or torch.equal(want, have):
+            continue
+        i = int((want != have).nonzero()[0])
+        poison = _bits(torch.tensor([poison_value(good.outputs[name].dtype, variant)], dtype=good.outputs[name].dtype))[0]
+        kind = "unwritten" if have[i] == poison else "stray write" if want[i] == poison else "value"
+        rule = ""
+        if spec.rule is not None:
+            try:
+                rule = spec.rule(case.args, name, i, kind)
+            except Exception:  # the classifier is the harness's; never hide the disagreement
+                rule = ""
+        dep = None
+        if BACKENDS[backend].engine:
+            found = departures.match(spec.name, BACKENDS[backend].mode(), case.args, name, i)
+            dep = found.id if found is not None else None
+        out.append(Diff(backend, name, kind, rule, i, departure=dep))
+    return out
+
+
+def compare(case: Case, outcomes: dict[str, Outcome], variant: int = 0, departed: list[Diff] | None = None) -> None:
+    """Raises :class:`Disagreement` unless every backend wrote the same outputs.
+
+    Disagreements explained by a contract departure (engine backends only) do not raise: they are
+    appended to ``departed`` when given.
+    """
     keys = {b: _key(o) for b, o in outcomes.items()}
     if len(set(keys.values())) <= 1:
         return
@@ -165,7 +225,15 @@ def compare(case: Case, outcomes: dict[str, Outcome], variant: int = 0) -> None:
     reference = top if count > 1 and (not rest or rest[0][1] < count) else keys.get(ORACLE, top)
     odd = [b for b, k in keys.items() if k != reference]
     agree = [b for b, k in keys.items() if k == reference]
-    raise Disagreement(describe(case, outcomes, odd, agree, variant), odd)
+    good = outcomes[agree[0]] if agree else None
+    diffs = [d for b in odd for d in _diffs(case, b, outcomes[b], good, variant)]
+    failing = [d for d in diffs if d.departure is None]
+    if departed is not None:
+        departed.extend(d for d in diffs if d.departure is not None)
+    if not failing:
+        return
+    odd = list(dict.fromkeys(d.backend for d in failing))
+    raise Disagreement(describe(case, outcomes, odd, agree, variant), odd, tuple(failing))
 
 
 def _mode(name: str) -> str:
@@ -202,28 +270,77 @@ def describe(case: Case, outcomes: dict[str, Outcome], odd: list[str], agree: li
     return "\n".join(lines)
 
 
-def run_case(case: Case, backends: list[str]) -> dict[str, Outcome]:
+def _refused(error: str | None) -> bool:
+    return error is not None and error.split(":", 1)[0] in ("TypeError", "ValueError")
+
+
+def run_case(case: Case, backends: list[str], notes: list[Diff] | None = None) -> dict[str, Outcome]:
     """Runs ``case`` on every named backend (and every poison variant) and compares; returns
-    what each backend wrote under the first poison variant (coverage classifies it)."""
+    what each backend wrote under the first poison variant (coverage classifies it).
+
+    The contract judges first: a case outside its domain must be refused with TypeError or
+    ValueError by every backend that validates, and is not voted on. A backend that refuses a case
+    outside its declared capabilities is left out of the vote; ``notes`` (when given) collects those
+    refusals (kind "unsupported", rule the capability) and the departures.
+    """
+    spec = case.spec
+    try:
+        spec.check(case.args)
+    except (TypeError, ValueError) as e:
+        outcomes = {b: run_backend(BACKENDS[b], case) for b in backends if BACKENDS[b].validates}
+        bad = [Diff(b, "-", "accepted invalid input", detail=str(e)) for b, o in outcomes.items() if not _refused(o.error)]
+        if bad:
+            raise Disagreement(
+                f"{spec.name}: the contract refuses this case ({e}) but " + ", ".join(f"'{_mode(d.backend)}'" for d in bad)
+                + " did not raise TypeError/ValueError", [d.backend for d in bad], tuple(bad)) from None
+        return outcomes
     first: dict[str, Outcome] = {}
-    for variant in range(_variants(case.spec, case.args)):
+    for variant in range(_variants(spec, case.args)):
         outcomes = {b: run_backend(BACKENDS[b], case, variant) for b in backends}
-        compare(case, outcomes, variant)
+        voting = dict(outcomes)
+        for b, o in outcomes.items():
+            why = BACKENDS[b].unsupported(spec, case.args) if o.error is not None else None
+            if why is not None:
+                del voting[b]
+                if notes is not None and variant == 0:
+                    notes.append(Diff(b, "-", "unsupported", why, detail=o.error.splitlines()[0]))
+        compare(case, voting, variant, notes if variant == 0 else None)
         first = first or outcomes
     return first
 
 
 # -- saving and replaying failing cases -------------------------------------------------------
-def save_case(case: Case, path: Path | None = None) -> Path:
+def save_case(case: Case, path: Path | None = None, meta: dict[str, Any] | None = None) -> Path:
+    """Saves ``case`` (tensors, ints, strings: loadable with ``weights_only``). ``meta`` records how to
+    reproduce it: the backends that ran it and the vLLM the engine backends were loaded from."""
     path = path or FAILURES_DIR / f"{case.kernel}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"kernel": case.kernel, "args": case.args, "grid": case.grid, "positional": case.positional, "note": case.note}, path)
+    meta = dict(meta or {})
+    if "vllm" not in meta and os.environ.get("SPECDIFF_VLLM"):
+        meta["vllm"] = os.environ["SPECDIFF_VLLM"]
+    torch.save({"kernel": case.kernel, "args": case.args, "grid": case.grid, "positional": case.positional, "note": case.note,
+                "meta": meta}, path)
     return path
 
 
 def load_case(path: str | os.PathLike[str]) -> Case:
-    data = torch.load(path, weights_only=False)
-    return Case(data["kernel"], data["args"], data["grid"], data.get("positional", False), data.get("note", ""))
+    """A saved case. The file is untrusted: it is read with ``weights_only`` (tensors and plain
+    values, never code), and anything that is not a case is a ValueError naming the file."""
+    try:
+        data = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"replay file {str(path)!r} does not exist") from None
+    except Exception as e:
+        raise ValueError(f"replay file {str(path)!r} is not a saved case: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("kernel"), str) or not isinstance(data.get("args"), dict):
+        raise ValueError(f"replay file {str(path)!r} is not a saved case (no kernel name and arguments)")
+    kernels.get(data["kernel"])  # an unknown kernel is a KeyError listing the known ones
+    grid = data.get("grid")
+    if grid is not None and not (isinstance(grid, (tuple, list)) and all(isinstance(g, int) for g in grid)):
+        raise ValueError(f"replay file {str(path)!r}: 'grid' must be a tuple of ints")
+    meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+    return Case(data["kernel"], data["args"], tuple(grid) if grid is not None else None, bool(data.get("positional", False)),
+                str(data.get("note", "")), meta)
 
 
 def replay_command(path: Path) -> str:

@@ -197,6 +197,42 @@ def _explain_random(a: Mapping[str, Any], output: str, index: int) -> str:
     return "\n".join(lines)
 
 
+def _decisive(a: Mapping[str, Any], index: int, kind: str) -> tuple[int, int, int, int]:
+    """(request, position, start, n) of the decision behind a K1/K2 cell: a cell one side wrote and
+    the other left (or a bonus one wrote) follows from the decision at the position before it."""
+    r, j, s, n = _cell(a, index)
+    if kind in ("unwritten", "stray write") and j > 0:
+        j -= 1
+    return r, j, s, n
+
+
+def _rule_greedy(a: Mapping[str, Any], output: str, index: int, kind: str) -> str:
+    r, j, s, n = _decisive(a, index, kind)
+    if j >= n:
+        return "C2 bonus"
+    if a["SYNTHETIC_MODE"]:
+        return "C13 synthetic rate"
+    return "C10 negative draft" if _get(a["draft_token_ids_ptr"], s + j) < 0 else "K1 argmax match"
+
+
+def _rule_random(a: Mapping[str, Any], output: str, index: int, kind: str) -> str:
+    r, j, s, n = _decisive(a, index, kind)
+    if j >= n:
+        return "C2 bonus"
+    d = _get(a["draft_token_ids_ptr"], s + j)
+    if d < 0:
+        return "C10 negative draft"
+    if a["SYNTHETIC_MODE"]:
+        return "C13 synthetic rate"
+    v = a["vocab_size"]
+    q = 1.0 if a["draft_probs_ptr"] is None else _get(a["draft_probs_ptr"], (s + j) * v + d)
+    return "C7 ratio against float64 uniform" if q > 0 else "C9 q = 0"
+
+
+def _rule_recovered(a: Mapping[str, Any], output: str, index: int, kind: str) -> str:
+    return "C17 fp64 Gumbel" if a["USE_FP64_GUMBEL"] else "C15 argmax"
+
+
 def _explain_expand(a: Mapping[str, Any], output: str, index: int) -> str:
     cu = a["cu_num_tokens_ptr"]
     r = int(torch.searchsorted(cu.to(torch.int64), index, right=True))
@@ -319,6 +355,7 @@ REJECTION_GREEDY = KernelSpec(
     preconditions=_greedy_preconditions,
     flags=(Flag("SYNTHETIC_MODE", "synthetic_conditional_rates_ptr", lambda x: x is not None, "rates is not None"),),
     explain=_explain_greedy,
+    rule=_rule_greedy,
     bytes_moved=_greedy_bytes,
 )
 
@@ -349,6 +386,7 @@ REJECTION_RANDOM = KernelSpec(
         Flag("SYNTHETIC_MODE", "synthetic_conditional_rates_ptr", lambda x: x is not None, "rates is not None"),
     ),
     explain=_explain_random,
+    rule=_rule_random,
     bytes_moved=_random_bytes,
 )
 
@@ -367,6 +405,7 @@ EXPAND = KernelSpec(
     grid=lambda a: (a["input_ptr"].numel(),),
     preconditions=_expand_preconditions,
     explain=_explain_expand,
+    rule=lambda a, output, index, kind: "C18 expansion",
     bytes_moved=_expand_bytes,
 )
 
@@ -394,6 +433,7 @@ SAMPLE_RECOVERED = KernelSpec(
         Flag("USE_FP64_GUMBEL", "inv_q_ptr", lambda x: _is_tensor(x) and x.dtype == torch.float64, "inv_q_ptr is float64"),
     ),
     explain=_explain_recovered,
+    rule=_rule_recovered,
     bytes_moved=_recovered_bytes,
 )
 

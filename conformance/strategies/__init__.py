@@ -35,12 +35,36 @@ def cases_for(kernel: str) -> Callable[[Callable[[], st.SearchStrategy[Case]]], 
     return register
 
 
-def cases(kernel: str) -> st.SearchStrategy[Case]:
-    """Cases of ``kernel``, launched by keyword (as vLLM does) or positionally."""
+def cases(kernel: str, call_site: bool = False) -> st.SearchStrategy[Case]:
+    """Cases of ``kernel``, launched by keyword (as vLLM does) or positionally.
+
+    ``call_site`` keeps only what vLLM's call sites pass: keyword launches, and every integer
+    tensor in its parameter's call-site dtype (converted when its values fit, else not drawn).
+    """
     spec = kernels.get(kernel)
     importlib.import_module(FAMILY_MODULES[spec.family])
     base = _CASES[kernel]()
+    if call_site:
+        return base.map(lambda c: _at_call_site(spec, c)).filter(lambda c: c is not None)
     return st.tuples(base, st.booleans()).map(lambda cp: dataclasses.replace(cp[0], positional=cp[1]))
+
+
+def _at_call_site(spec: kernels.KernelSpec, case: Case) -> Case | None:
+    args = dict(case.args)
+    converted: dict[int, torch.Tensor] = {}  # aliased parameters stay aliased
+    for p in spec.params:
+        v = args[p.name]
+        if not isinstance(v, torch.Tensor) or p.call_site is None or v.dtype == p.call_site:
+            continue
+        if v.dtype.is_floating_point or v.dtype == torch.bool or p.call_site.is_floating_point:
+            continue
+        info = torch.iinfo(p.call_site)
+        if v.numel() and (int(v.min()) < info.min or int(v.max()) > info.max):
+            return None
+        if id(v) not in converted:
+            converted[id(v)] = torch.empty_strided(v.shape, v.stride(), dtype=p.call_site).copy_(v)
+        args[p.name] = converted[id(v)]
+    return dataclasses.replace(case, args=args, positional=False)
 
 
 # -- shared composites ----------------------------------------------------------------------------

@@ -1,0 +1,85 @@
+"""Where specdiff's contract deliberately departs from vLLM 0.33.0, as data.
+
+Each entry names a contract decision (§5 of the spec), the kernels it touches, the engine modes in
+which the engine's own kernels behave differently, the one-line reason, and the test that tells
+whether a disagreeing cell lies where the decision applies. An engine backend's disagreement that
+matches an entry is reported as ``departs (C6)``: decided, not a defect. Departures apply to
+engine backends only; one of specdiff's own backends that leaves the contract is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from conformance.contract import counts, starts
+
+
+@dataclass(frozen=True)
+class Departure:
+    id: str
+    kernels: tuple[str, ...] | None  # None: every kernel
+    modes: tuple[str, ...] | None  # engine modes it applies to (a word of Backend.mode()); None: all
+    reason: str
+    matches: Callable[[Mapping[str, Any], str, int], bool]
+
+    def applies(self, kernel: str, mode: str) -> bool:
+        return (self.kernels is None or kernel in self.kernels) and (self.modes is None or any(m in mode for m in self.modes))
+
+
+def _ratio_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
+    """K2's cell is decided by p/q against u with |p/q - u| <= 4 ulp(p/q) (§2.2 conformance notes)."""
+    s = a["max_spec_len"]
+    r, j = divmod(index, s + 1)
+    cu = a["cu_num_draft_tokens_ptr"]
+    n, start = int(counts(cu)[r]), int(starts(cu)[r])
+    if j >= n or a["SYNTHETIC_MODE"]:
+        return False
+    t = start + j
+    d = int(a["draft_token_ids_ptr"][t])
+    v = a["vocab_size"]
+    if d < 0 or d >= v:
+        return False
+    p = a["target_probs_ptr"].reshape(-1)[t * v + d]
+    q = torch.tensor(1.0) if a["draft_probs_ptr"] is None else a["draft_probs_ptr"].reshape(-1)[t * v + d]
+    if not q > 0:
+        return False
+    ratio = float(p / q)  # float32, rounded to nearest
+    u = float(a["uniform_probs_ptr"][t])
+    ulp32 = math.ulp(ratio) * 2**29  # float32 keeps 29 fewer fraction bits than float64
+    return math.isfinite(ratio) and abs(ratio - u) <= 4 * ulp32
+
+
+def _past_int32(a: Mapping[str, Any], output: str, index: int) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.numel() >= 2**31 for v in a.values())
+
+
+DEPARTURES: tuple[Departure, ...] = (
+    Departure(
+        "C6", ("rejection_random_sample_kernel",), ("compiled",),
+        "the ratio p/q is rounded to nearest; compiled Triton divides approximately (<= 2 ulp), so decisions "
+        "within 4 ulp of the uniform may differ",
+        _ratio_tie,
+    ),
+    Departure(
+        "C4", None, None,
+        "flat offsets are exact 64-bit values; 0.33.0 computes some in 32 bits, which wraps past 2**31 elements",
+        _past_int32,
+    ),
+)
+
+
+def match(kernel: str, mode: str, args: Mapping[str, Any], output: str, index: int) -> Departure | None:
+    """The departure that explains an engine backend's cell, or None."""
+    for d in DEPARTURES:
+        if d.applies(kernel, mode):
+            try:
+                if d.matches(args, output, index):
+                    return d
+            except Exception:  # a test that cannot read the case explains nothing
+                continue
+    return None

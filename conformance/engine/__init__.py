@@ -1,0 +1,158 @@
+"""The engine as backends: vLLM's own Triton kernels (``vllm``) and its own CPU port (``vllm-cpu``).
+
+Both are built in and stay unavailable until a vLLM is named: ``--vllm VERSION|PATH`` on the
+command line, or ``SPECDIFF_VLLM`` in the environment (child processes inherit it). ``--vllm
+installed`` takes an importable vLLM instead (a GPU machine with vLLM installed): kernels are
+then resolved by importing their qualnames, and the CPU ops come from ``vllm._C``.
+
+``vllm`` runs wherever specdiff's own Triton backend runs: compiled with a GPU, interpreted
+(``TRITON_INTERPRET=1``, decided by ``triton_impl`` before Triton loads) without one.
+``vllm-cpu`` always runs on the CPU. What the CPU port does not support is declared in
+:data:`CPU_CAPABILITIES`; the runner counts such cases as ``unsupported`` when the port refuses
+them with a Python exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from typing import Any
+
+import torch
+
+from conformance.backends import Backend, Capability, register_backend
+from conformance.contract import Kind, KernelSpec
+from conformance.engine.source import SourceError, VllmSource, locate
+
+ENV = "SPECDIFF_VLLM"
+INSTALLED = "installed"
+
+
+def use(spec: str) -> None:
+    """Points the engine backends at ``spec`` (a release, a path, or ``installed``)."""
+    os.environ[ENV] = spec
+    for cached in (source, loader, overrides):
+        cached.cache_clear()
+
+
+def named() -> str | None:
+    return os.environ.get(ENV) or None
+
+
+@functools.cache
+def source() -> VllmSource:
+    spec = named()
+    if spec is None:
+        raise SourceError(f"no vLLM named: pass --vllm VERSION|PATH (or set {ENV})")
+    return locate(spec)
+
+
+@functools.cache
+def loader() -> Any:
+    from conformance.engine.kernels import KernelLoader
+
+    return KernelLoader(source())
+
+
+@functools.cache
+def overrides() -> Any:
+    from conformance.engine.cpu import CpuOverrides
+
+    return CpuOverrides(source())
+
+
+def _import_qualname(qualname: str) -> Any:
+    parts = qualname.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr, None)
+        return obj
+    return None
+
+
+def _unavailable(need_csrc: bool) -> str | None:
+    spec = named()
+    if spec is None:
+        return f"no vLLM named: pass --vllm VERSION|PATH (or set {ENV})"
+    if spec == INSTALLED:
+        try:
+            importlib.import_module("vllm")
+        except ImportError as e:
+            return f"--vllm installed, but vLLM is not importable: {e}"
+        return None
+    try:
+        src = source()
+    except SourceError as e:
+        return str(e)
+    if need_csrc and src.csrc is None:
+        return f"vLLM's C++ sources are not in {src.label}: pass a release or a source tree"
+    return None
+
+
+def _triton_kernel(spec: KernelSpec) -> Any:
+    if named() == INSTALLED:
+        return _import_qualname(spec.qualname)
+    return loader().kernel(spec.qualname)
+
+
+def _cpu_kernel(spec: KernelSpec) -> Any:
+    if named() == INSTALLED:
+        # The installed engine registered its overrides itself when it found no Triton.
+        importlib.import_module("vllm._C")
+        return _import_qualname(spec.qualname)
+    try:
+        kernel = _triton_kernel(spec)
+    except SourceError:
+        return None
+    return overrides().wrap(spec.qualname, kernel)
+
+
+def _triton_mode() -> str:
+    import triton_impl
+
+    return triton_impl.mode()
+
+
+def _triton_device() -> str:
+    import triton_impl
+
+    return triton_impl.device()
+
+
+def _off_call_site_ints(spec: KernelSpec, a: Any) -> bool:
+    return any(
+        p.kind is Kind.PTR and isinstance(a[p.name], torch.Tensor) and not a[p.name].dtype.is_floating_point
+        and a[p.name].dtype != torch.bool and p.call_site is not None and a[p.name].dtype != p.call_site
+        for p in spec.params
+    )
+
+
+# What vLLM 0.33.0's CPU port declines, each as the adapter or the C++ says it (cpu_triton_utils.py,
+# spec_decode_utils.cpp). A case inside one is still launched: a clean refusal counts as
+# `unsupported`; results it does produce are compared like any other.
+CPU_CAPABILITIES = (
+    Capability(
+        "synthetic mode", ("rejection_greedy_sample_kernel", "rejection_random_sample_kernel"),
+        lambda spec, a: bool(a["SYNTHETIC_MODE"]),
+        "the adapters assert not SYNTHETIC_MODE ('Synthetic acceptance not supported with CPU sampling')",
+    ),
+    Capability(
+        "context parallelism", ("compute_slot_mapping_kernel",),
+        lambda spec, a: a["TOTAL_CP_WORLD_SIZE"] > 1,
+        "the adapter asserts TOTAL_CP_WORLD_SIZE == 1 ('Context Parallelism is not supported on CPU')",
+    ),
+    Capability(
+        "integer dtypes off the call site", None, _off_call_site_ints,
+        "the C++ reads each integer tensor at one width (data_ptr<int32_t> or <int64_t>); the adapters widen only some",
+    ),
+)
+
+register_backend(Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {_triton_mode()}",
+                         lambda: _unavailable(False), engine=True))
+register_backend(Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
+                         engine=True, capabilities=CPU_CAPABILITIES, launch_options=False))

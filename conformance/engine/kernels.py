@@ -1,0 +1,159 @@
+"""vLLM's own Triton kernels, read from its source files without importing vLLM.
+
+Importing ``vllm.v1.sample.rejection_sampler`` would import most of vLLM (and pin its torch).
+The kernels themselves need only Triton, so the loader parses the module, keeps the
+``@triton.jit`` functions (at module level and inside classes such as
+``ComputeSlotMappingKernel``) with every module-level constant and helper they name, follows
+``from vllm.x import name`` to other modules the same way, and executes just those statements,
+compiled from the real file's syntax tree so that line numbers and ``inspect.getsource`` (which
+Triton reads) point at vLLM's own text. ``vllm.triton_utils``' names are Triton's own.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from conformance.engine.source import VllmSource
+
+# What vllm.triton_utils re-exports (tl, triton, tldevice, ...), by name.
+_TRITON_UTILS = {
+    "triton": "triton",
+    "tl": "triton.language",
+    "tldevice": "triton.language.extra.libdevice",
+    "libdevice": "triton.language.extra.libdevice",
+}
+
+
+def _is_jit(node: ast.AST) -> bool:
+    if not isinstance(node, ast.FunctionDef):
+        return False
+    for d in node.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        if ast.unparse(target) in ("triton.jit", "jit", "triton.autotune", "triton.heuristics"):
+            return True
+    return False
+
+
+def _free_names(node: ast.AST) -> set[str]:
+    """Names a definition reads that it does not bind itself (a superset is fine)."""
+    loads, stores = set(), set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            (loads if isinstance(n.ctx, ast.Load) else stores).add(n.id)
+        elif isinstance(n, ast.arg):
+            stores.add(n.arg)
+    return loads - stores - set(dir(builtins))
+
+
+class _Module:
+    """One vLLM module's kernels and what they need, executed in a namespace of their own."""
+
+    def __init__(self, loader: KernelLoader, name: str, path: Path) -> None:
+        self.name = name
+        self.path = path
+        self.tree = ast.parse(path.read_text(), str(path))
+        self.module = ModuleType(f"specdiff_vllm.{name}")
+        self.module.__file__ = str(path)
+        self.ns = self.module.__dict__
+        self.definitions: dict[str, ast.stmt] = {}
+        self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, attribute)
+        for stmt in self.tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
+                self.definitions[stmt.name] = stmt
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+                    if isinstance(target, ast.Name):
+                        self.definitions[target.id] = stmt
+            elif isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
+                for alias in stmt.names:
+                    self.imports[alias.asname or alias.name] = (stmt.module, alias.name)
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    self.imports[alias.asname or alias.name.split(".")[0]] = (alias.name, "")
+        self._run(loader)
+
+    def _jit_roots(self) -> list[ast.stmt]:
+        roots: list[ast.stmt] = []
+        for stmt in self.tree.body:
+            if _is_jit(stmt):
+                roots.append(stmt)
+            elif isinstance(stmt, ast.ClassDef) and any(_is_jit(s) for s in stmt.body):
+                roots.append(stmt)
+        return roots
+
+    def _run(self, loader: KernelLoader) -> None:
+        keep: dict[int, ast.stmt] = {}
+        pending = self._jit_roots()
+        seen: set[str] = set()
+        while pending:
+            stmt = pending.pop()
+            if id(stmt) in keep:
+                continue
+            if isinstance(stmt, ast.ClassDef):  # only the class's kernels: its other methods need vLLM
+                stmt = copy.copy(stmt)
+                stmt.bases, stmt.keywords, stmt.decorator_list = [], [], []
+                stmt.body = [s for s in stmt.body if _is_jit(s)]
+            keep[id(stmt)] = stmt
+            for name in sorted(_free_names(stmt) - seen):
+                seen.add(name)
+                if name in self.definitions:
+                    pending.append(self.definitions[name])
+                elif name in self.imports:
+                    self.ns[name] = loader.resolve_import(*self.imports[name])
+        body = sorted(keep.values(), key=lambda s: s.lineno)
+        code = compile(ast.fix_missing_locations(ast.Module(body=body, type_ignores=[])), str(self.path), "exec")
+        self.ns["__builtins__"] = builtins
+        exec(code, self.ns)  # vLLM's own kernel text, from the files --vllm named
+
+    def get(self, attrs: list[str]) -> Any:
+        obj: Any = self.module
+        for a in attrs:
+            obj = getattr(obj, a, None)
+            if obj is None:
+                return None
+        return obj
+
+
+class KernelLoader:
+    """Resolves kernel qualnames (``vllm.v1.sample.rejection_sampler.expand_kernel``,
+    ``vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel``) against one vLLM source."""
+
+    def __init__(self, source: VllmSource) -> None:
+        self.source = source
+        self._modules: dict[str, _Module] = {}
+
+    def _module(self, name: str) -> _Module | None:
+        if name not in self._modules:
+            path = self.source.module_file(name)
+            if path is None:
+                return None
+            self._modules[name] = _Module(self, name, path)
+        return self._modules[name]
+
+    def resolve_import(self, module: str, attr: str) -> Any:
+        if module == "vllm.triton_utils" and attr in _TRITON_UTILS:
+            return importlib.import_module(_TRITON_UTILS[attr])
+        if module.split(".")[0] != "vllm":
+            m = importlib.import_module(module)
+            return getattr(m, attr) if attr else m
+        loaded = self._module(module)
+        value = loaded.get([attr]) if loaded is not None else None
+        if value is None:
+            raise LookupError(f"{module}.{attr} is needed by a vLLM kernel but is not a kernel or constant of its source")
+        return value
+
+    def kernel(self, qualname: str) -> Any:
+        """The kernel at ``qualname``, or None when this vLLM has no such module or attribute."""
+        parts = qualname.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:cut])
+            if self.source.module_file(module) is not None:
+                loaded = self._module(module)
+                return loaded.get(parts[cut:]) if loaded is not None else None
+        return None

@@ -1,0 +1,160 @@
+"""Where vLLM's files come from, without installing or importing vLLM.
+
+``--vllm`` names either a release (``0.33.0``: its source distribution is fetched from the package
+index once, its digest checked, and unpacked into the cache) or a path: a wheel, an unpacked wheel,
+a source distribution or a source tree. A source distribution holds both halves the engine
+backends need, the Python package (Triton kernels, the CPU overrides, the dispatcher) and
+``csrc/cpu`` (the C++ port); a wheel holds only the Python half, so ``vllm-cpu`` needs a source
+tree or a release.
+
+Archives are untrusted input: only regular files under ``vllm/`` and ``csrc/`` are unpacked, with
+tarfile's ``data`` filter (no links, devices, absolute paths or ``..``), and a fetched archive is
+used only when its SHA-256 matches the index's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+INDEX = os.environ.get("SPECDIFF_INDEX_URL", "https://pypi.org/simple")
+_VERSION = re.compile(r"^\d+(\.\d+)*([a-z0-9.+-]*)$")
+
+
+class SourceError(ValueError):
+    """``--vllm`` names nothing usable; the message says what was expected."""
+
+
+@dataclass(frozen=True)
+class VllmSource:
+    """An unpacked vLLM: ``root / "vllm"`` is the Python package; ``csrc`` is None for a wheel."""
+
+    root: Path
+    csrc: Path | None
+    label: str
+
+    def module_file(self, module: str) -> Path | None:
+        """The source file of a dotted module name (``vllm.v1.sample.rejection_sampler``)."""
+        base = self.root.joinpath(*module.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
+        return None
+
+
+def cache_dir() -> Path:
+    """Downloads and builds: ``SPECDIFF_CACHE``, else ``~/.cache/specdiff`` (CI points it into the clone)."""
+    return Path(os.environ.get("SPECDIFF_CACHE") or Path.home() / ".cache" / "specdiff")
+
+
+def locate(spec: str) -> VllmSource:
+    """The vLLM named by ``spec``: a release version, or a path (wheel, sdist, unpacked tree)."""
+    if not spec:
+        raise SourceError("--vllm must name a release (e.g. 0.33.0) or a path to a wheel, sdist or source tree")
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _from_path(path.resolve())
+    if _VERSION.match(spec):
+        return _from_path(fetch_sdist(spec))
+    raise SourceError(f"--vllm {spec!r} is neither an existing path nor a release version such as 0.33.0")
+
+
+def _from_path(path: Path) -> VllmSource:
+    if path.is_dir():
+        if (path / "vllm" / "__init__.py").is_file():
+            csrc = path / "csrc" if (path / "csrc" / "cpu").is_dir() else None
+            return VllmSource(path, csrc, f"{path} ({'source tree' if csrc else 'unpacked wheel'})")
+        raise SourceError(f"--vllm {str(path)!r}: a directory must hold vllm/__init__.py (a source tree or an unpacked wheel)")
+    if path.suffix == ".whl":
+        return _from_path(_unpack(path, "wheel"))
+    if path.name.endswith((".tar.gz", ".tgz")):
+        return _from_path(_unpack(path, "sdist"))
+    raise SourceError(f"--vllm {str(path)!r}: expected a .whl, a .tar.gz source distribution or a directory")
+
+
+def _wanted(name: str) -> str | None:
+    """The path inside the tree of an archive member we keep (Python sources and csrc), else None."""
+    parts = Path(name).parts
+    for i, part in enumerate(parts[:2]):  # an sdist nests everything under vllm-X.Y.Z/
+        if part in ("vllm", "csrc"):
+            rel = Path(*parts[i:])
+            if rel.suffix in (".py", ".cpp", ".hpp", ".h"):
+                return str(rel)
+            return None
+    return None
+
+
+def _unpack(archive: Path, kind: str) -> Path:
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+    dest = cache_dir() / "vllm" / f"{archive.name}-{digest}"
+    if (dest / ".complete").is_file():
+        return dest
+    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=_mkdir(dest.parent)))
+    try:
+        if kind == "wheel":
+            with zipfile.ZipFile(archive) as z:
+                for info in z.infolist():
+                    rel = _wanted(info.filename)
+                    if rel is None or info.is_dir() or ".." in Path(rel).parts:
+                        continue
+                    target = tmp / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(z.read(info))
+        else:
+            with tarfile.open(archive) as t:
+                members = []
+                for m in t.getmembers():
+                    rel = _wanted(m.name)
+                    if rel is not None and m.isfile():
+                        m.name = rel
+                        members.append(m)
+                t.extractall(tmp, members=members, filter="data")
+        (tmp / ".complete").write_text(archive.name + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def fetch_sdist(version: str) -> Path:
+    """vLLM's source distribution for ``version`` from the package index (cached, digest-checked)."""
+    name = f"vllm-{version}.tar.gz"
+    target = _mkdir(cache_dir() / "downloads") / name
+    if target.is_file():
+        return target
+    request = urllib.request.Request(f"{INDEX}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            files = json.load(r)["files"]
+    except OSError as e:
+        raise SourceError(f"--vllm {version}: the package index could not be read ({e}); pass a path instead") from None
+    entry = next((f for f in files if f["filename"] == name), None)
+    if entry is None:
+        raise SourceError(f"--vllm {version}: the package index has no {name}")
+    want = entry["hashes"]["sha256"]
+    part = target.with_suffix(".part")
+    h = hashlib.sha256()
+    with urllib.request.urlopen(entry["url"], timeout=300) as r, part.open("wb") as out:
+        while chunk := r.read(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    if h.hexdigest() != want:
+        part.unlink()
+        raise SourceError(f"--vllm {version}: {name} does not match the index's SHA-256 (got {h.hexdigest()}, want {want})")
+    part.rename(target)
+    return target
