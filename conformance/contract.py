@@ -129,6 +129,9 @@ class KernelSpec:
     # The contract clause (§5, e.g. "C10 negative draft") that decides output cell ``index`` of
     # ``output``, given how it differs (Diff.kind): findings are grouped by it.
     rule: Callable[[Mapping[str, Any], str, int, str], str] | None = None
+    # Holds for every launch vLLM 0.33.0's call sites make, beyond their dtypes (a layout, a
+    # length): `--call-site` draws only such cases.
+    call_site: Callable[[Mapping[str, Any]], bool] | None = None
     # Bytes a launch must move at least (reads + writes), for benchmarks' GB/s.
     bytes_moved: Callable[[Mapping[str, Any]], int] | None = None
     doc: str = ""

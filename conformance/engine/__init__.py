@@ -147,6 +147,16 @@ CPU_CAPABILITIES = (
         "the adapter asserts TOTAL_CP_WORLD_SIZE == 1 ('Context Parallelism is not supported on CPU')",
     ),
     Capability(
+        "positions longer than batch_size", ("eagle_step_slot_mapping_metadata_kernel",),
+        lambda spec, a: a["positions_ptr"].numel() != a["batch_size"],
+        "the adapter asserts batch_size == positions.shape[0] (the call site passes exactly the batch)",
+    ),
+    Capability(
+        "block_table_stride off the table's row stride", ("copy_and_expand_dflash_inputs_kernel",),
+        lambda spec, a: a["block_table_stride"] != a["block_table_ptr"].stride(0),
+        "the adapter asserts block_table_stride == block_table.stride(0) (the call site passes exactly that)",
+    ),
+    Capability(
         "integer dtypes off the call site", None, _off_call_site_ints,
         "the C++ reads each integer tensor at one width (data_ptr<int32_t> or <int64_t>); the adapters widen only some",
     ),

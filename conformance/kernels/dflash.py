@@ -141,6 +141,9 @@ COPY_AND_EXPAND_DFLASH_INPUTS = KernelSpec(
     preconditions=_preconditions,
     flags=(Flag("HAS_NUM_REJECTED", "num_rejected_tokens_ptr", lambda x: isinstance(x, torch.Tensor), "num_rejected_tokens_ptr is a tensor"),),
     explain=_explain,
+    rule=lambda a, output, index, kind: "C23 last context position" if output.startswith("out_query") else "C23 context",
+    # _copy_and_expand_dflash_inputs passes block_table.stride(0) as the stride.
+    call_site=lambda a: isinstance(a["block_table_ptr"], torch.Tensor) and a["block_table_stride"] == a["block_table_ptr"].stride(0),
 )
 
 SPECS = (COPY_AND_EXPAND_DFLASH_INPUTS,)

@@ -206,6 +206,14 @@ EAGLE_STEP_SLOT_MAPPING_METADATA = KernelSpec(
     grid=lambda a: (a["out_slot_mapping_ptr"].numel(),),
     preconditions=_step_preconditions,
     explain=_explain_step,
+    rule=lambda a, output, index, kind: "C21 padding row" if index >= a["batch_size"] else "C21 draft step",
+    # eagle_step_update_slot_mapping_and_metadata passes positions of exactly batch_size entries and
+    # the table's own row stride and width.
+    call_site=lambda a: (
+        isinstance(a["positions_ptr"], torch.Tensor) and a["positions_ptr"].numel() == a["batch_size"]
+        and isinstance(a["block_table_ptr"], torch.Tensor) and a["block_table_ptr"].dim() == 2
+        and a["block_table_stride"] == a["block_table_ptr"].stride(0) and a["n_blocks_per_req"] == a["block_table_ptr"].shape[1]
+    ),
 )
 
 EAGLE_PREPARE_INPUTS_PADDED = KernelSpec(

@@ -192,7 +192,10 @@ def _explain_random(a: Mapping[str, Any], output: str, index: int) -> str:
             row += f" rate={_get(a['synthetic_conditional_rates_ptr'], pos)!r}"
         elif 0 <= d < v:
             q = 1.0 if a["draft_probs_ptr"] is None else _get(a["draft_probs_ptr"], t * v + d)
-            row += f" p={_get(a['target_probs_ptr'], t * v + d)!r} q={q!r}"
+            p = _get(a["target_probs_ptr"], t * v + d)
+            ratio = (torch.tensor(p, dtype=torch.float32) / torch.tensor(q, dtype=torch.float32)).item()
+            u32 = torch.tensor(_get(a["uniform_probs_ptr"], t), dtype=torch.float64).float().item()
+            row += f" p={p!r} q={q!r} p/q={ratio!r} (float32) float32(u)={u32!r}"
         lines.append(row)
     return "\n".join(lines)
 
@@ -256,10 +259,12 @@ def _explain_recovered(a: Mapping[str, Any], output: str, index: int) -> str:
     q = a["draft_probs_ptr"]
     w = torch.clamp_min(p - q[index], 0).nan_to_num(0.0) if q is not None else p
     top = torch.topk(w.nan_to_num(float("-inf")), min(3, v)).indices.tolist()
+    inv_q = a["inv_q_ptr"][r]
+    scores = ", ".join(f"[{i}] w={float(w[i])!r} inv_q={float(inv_q[i])!r} (float32 {float(inv_q[i].float())!r})" for i in top)
     return (
         f"request {r}, draft position {pos}, token {index}: draft={_get(a['draft_token_ids_ptr'], index)} "
-        f"V={v} NO_DRAFT_PROBS={a['NO_DRAFT_PROBS']} inv_q dtype={a['inv_q_ptr'].dtype}; "
-        f"largest residuals at {top}"
+        f"V={v} NO_DRAFT_PROBS={a['NO_DRAFT_PROBS']} inv_q dtype={str(inv_q.dtype).removeprefix('torch.')}; "
+        f"largest residuals: {scores}"
     )
 
 

@@ -125,6 +125,7 @@ COMPUTE_SLOT_MAPPING = KernelSpec(
     grid=lambda a: (a["query_start_loc_ptr"].numel(),),
     preconditions=_preconditions,
     explain=_explain,
+    rule=lambda a, output, index, kind: "C22 padding tail" if index >= a["num_tokens"] else "C22 slot",
 )
 
 SPECS = (COMPUTE_SLOT_MAPPING,)

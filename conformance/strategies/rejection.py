@@ -270,14 +270,23 @@ def _recovered_cases(draw: st.DrawFn) -> Case:
     t, v = bt.t, bt.vocab
     no_draft_probs = draw(st.booleans())
     fp64 = draw(st.booleans())
-    target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
-    draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
+    # All-ones noise makes ties decide; float64 noise within 2**-30 of one is all 1.0 in float32, so
+    # tied residuals are ranked by noise that a float32 narrowing erases (C17).
+    noise = draw(st.sampled_from(["exponential", "ones", "ties below float32"] if fp64 else ["exponential", "ones"]))
+    kinds = ["ties"] * t if noise == "ties below float32" else _kinds(draw, t, ROW_KINDS[:-1])
+    target = prob_rows(g, kinds, v, bt.draft)
+    draft_probs = None if no_draft_probs else prob_rows(g, ["zeros"] * t if noise == "ties below float32" else _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
     # NaN probabilities: never win with NO_DRAFT_PROBS, give a zero residual otherwise (C15, C16).
     for i, j in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.integers(0, v - 1)), max_size=2 if t else 0)):
         target[i, j] = float("nan")
-    noise = draw(st.sampled_from(["exponential", "ones"]))  # all-ones noise makes ties decide
     dtype = torch.float64 if fp64 else torch.float32
-    inv_q = torch.ones(bt.b, v, dtype=dtype) if noise == "ones" else 1.0 / torch.empty(bt.b, v, dtype=dtype).exponential_(generator=g)
+    if noise == "ones":
+        inv_q = torch.ones(bt.b, v, dtype=dtype)
+    elif noise == "ties below float32":
+        inv_q = 1.0 + torch.randint(0, 2**10, (bt.b, v), generator=g, dtype=torch.float64) * 2.0**-40
+        event("float64 noise tied in float32")
+    else:
+        inv_q = 1.0 / torch.empty(bt.b, v, dtype=dtype).exponential_(generator=g)
     args = dict(
         output_token_ids_ptr=torch.zeros(t + padding(draw), dtype=draw(int_dtypes)),
         cu_num_draft_tokens_ptr=bt.cu,
