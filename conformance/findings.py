@@ -10,12 +10,12 @@ cleanly). The engine's known defects are listed in ``conformance/engine/expected
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import tomllib
 import torch
 
 from conformance.runner import FAILURES_DIR, Case, Diff, replay_command, save_case

@@ -24,7 +24,6 @@ names, order and constexprs. Without an importable vLLM that check is skipped wi
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -321,25 +320,8 @@ def _cpp_entry(spec: KernelSpec, kernel: Any) -> tuple[bool, str]:
 
 # -- vLLM's own kernels -------------------------------------------------------------------------
 def vllm_unavailable() -> str | None:
-    try:
-        importlib.import_module("vllm")
-    except Exception as e:  # ImportError, or a vLLM build that cannot import on this machine
-        return f"vLLM is not importable here ({type(e).__name__}: {e}); install vllm==0.33.0 to check the contracts against it"
-    return None
-
-
-def resolve_qualname(qualname: str) -> Any:
-    """``a.b.c.Owner.kernel`` → the object, importing the longest module prefix."""
-    parts = qualname.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(f"cannot import any module prefix of {qualname}")
+    """Why vLLM's own kernels cannot be read here (the engine backend ``vllm``), or None."""
+    return BACKENDS["vllm"].unavailable()
 
 
 def check_vllm(spec: KernelSpec) -> list[Check]:
@@ -347,9 +329,11 @@ def check_vllm(spec: KernelSpec) -> list[Check]:
     if why is not None:
         return [Check(spec.name, "vllm", "names", None, why)]
     try:
-        obj = resolve_qualname(spec.qualname)
+        obj = BACKENDS["vllm"].resolve(spec)
     except Exception as e:
-        return [Check(spec.name, "vllm", "names", False, f"{spec.qualname} not found in vLLM: {type(e).__name__}: {e}")]
+        return [Check(spec.name, "vllm", "names", False, f"{spec.qualname} could not be loaded from vLLM: {type(e).__name__}: {e}")]
+    if obj is None:
+        return [Check(spec.name, "vllm", "names", False, f"{spec.qualname} not found in vLLM")]
     names = names_of(obj)
     out = [Check(spec.name, "vllm", "names", names == list(spec.arg_names), "" if names == list(spec.arg_names) else _diff_names(list(spec.arg_names), names or []))]
     ce = constexprs_of(obj)
@@ -365,7 +349,9 @@ def check_all(names: Iterable[str] | None = None, backends: Iterable[str] | None
         spec = kernels.get(kernel)
         results.extend(check_contract(spec))
         case = None
-        for b in backends or BACKENDS:
+        # The engine's own kernels are checked against the contract's names by --vllm, not held to
+        # specdiff's launch forms (their launch behaviour is what conformance reports on).
+        for b in backends or [b for b, be in BACKENDS.items() if not be.engine]:
             if b not in BACKENDS:
                 continue
             if case is None and BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(spec) is not None:
@@ -398,13 +384,19 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("signatures", help="check every backend's launch signature against its contract")
     p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     p.add_argument("--backend", action="append", help="only this backend (repeatable)")
-    p.add_argument("--vllm", action="store_true", help="also check the contracts against vLLM's own kernels (skipped, with the reason, when vLLM is not importable)")
+    p.add_argument("--vllm", nargs="?", const="", metavar="VERSION|PATH",
+                   help="also check the contracts against vLLM's own kernels, read from this release or path "
+                        "(default: SPECDIFF_VLLM; skipped, with the reason, when none is named)")
     p.add_argument("--junit", help="write a JUnit XML report here")
     p.set_defaults(func=_cmd)
 
 
 def _cmd(ns: Any) -> int:
-    results = check_all(ns.kernel, ns.backend, ns.vllm)
+    if ns.vllm:
+        from conformance import engine
+
+        engine.use(ns.vllm)
+    results = check_all(ns.kernel, ns.backend, ns.vllm is not None)
     print(report(results))
     failed = [r for r in results if r.ok is False]
     skipped = [r for r in results if r.ok is None]

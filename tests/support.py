@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
+from conformance import engine
+from conformance.backends import BACKENDS as REGISTERED
 from conformance.compositions import launch
+from conformance.engine.source import cache_dir
 
-BACKENDS = ("reference", "triton", "cpu")
+
+def vllm_spec() -> str | None:
+    """The vLLM the engine tests use: SPECDIFF_VLLM, else 0.33.0 when its sdist is already cached
+    (`nox -s engine` leaves it there; CI runs that session first), else None."""
+    spec = os.environ.get(engine.ENV)
+    if spec:
+        return spec
+    return "0.33.0" if (cache_dir() / "downloads" / "vllm-0.33.0.tar.gz").is_file() else None
+
+
+def _engine_backends() -> tuple[str, ...]:
+    """vLLM's own Triton kernels join the golden tests when a vLLM is at hand. (Its CPU port does
+    not: its known defects, conformance/engine/expected.toml, fail goldens by design.)"""
+    spec = vllm_spec()
+    if spec is None:
+        return ()
+    engine.use(spec)
+    return ("vllm",) if REGISTERED["vllm"].unavailable() is None else ()
+
+
+BACKENDS = ("reference", "triton", "cpu", *_engine_backends())
 
 
 def run(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from conformance.backends import Backend, Capability, register_backend
-from conformance.contract import Kind, KernelSpec
+from conformance.contract import KernelSpec, Kind
 from conformance.engine.source import SourceError, VllmSource, locate
 
 ENV = "SPECDIFF_VLLM"
@@ -30,9 +30,9 @@ INSTALLED = "installed"
 
 
 def use(spec: str) -> None:
-    """Points the engine backends at ``spec`` (a release, a path, or ``installed``)."""
+    """Points the engine backends at ``spec`` (a release, a path, or ``installed``; "" for none)."""
     os.environ[ENV] = spec
-    for cached in (source, loader, overrides):
+    for cached in (located, loader, overrides):
         cached.cache_clear()
 
 
@@ -41,7 +41,7 @@ def named() -> str | None:
 
 
 @functools.cache
-def source() -> VllmSource:
+def located() -> VllmSource:
     spec = named()
     if spec is None:
         raise SourceError(f"no vLLM named: pass --vllm VERSION|PATH (or set {ENV})")
@@ -52,14 +52,14 @@ def source() -> VllmSource:
 def loader() -> Any:
     from conformance.engine.kernels import KernelLoader
 
-    return KernelLoader(source())
+    return KernelLoader(located())
 
 
 @functools.cache
 def overrides() -> Any:
     from conformance.engine.cpu import CpuOverrides
 
-    return CpuOverrides(source())
+    return CpuOverrides(located())
 
 
 def _import_qualname(qualname: str) -> Any:
@@ -86,7 +86,7 @@ def _unavailable(need_csrc: bool) -> str | None:
             return f"--vllm installed, but vLLM is not importable: {e}"
         return None
     try:
-        src = source()
+        src = located()
     except SourceError as e:
         return str(e)
     if need_csrc and src.csrc is None:
@@ -162,7 +162,16 @@ CPU_CAPABILITIES = (
     ),
 )
 
+# vLLM 0.33.0's K1/K2 mix the loaded id width with int32 in one branch (`.to(tl.int32)` on the
+# argmax, a ternary with the draft id): compiled Triton refuses other id widths (CompilationError).
+TRITON_CAPABILITIES = (
+    Capability(
+        "integer dtypes off the call site", None, lambda spec, a: _off_call_site_ints(spec, a),
+        "0.33.0's rejection kernels give one variable int32 and int64 types in two branches; compiled Triton refuses that",
+    ),
+)
+
 register_backend(Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {_triton_mode()}",
-                         lambda: _unavailable(False), engine=True))
+                         lambda: _unavailable(False), engine=True, capabilities=TRITON_CAPABILITIES))
 register_backend(Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
                          engine=True, capabilities=CPU_CAPABILITIES, launch_options=False))

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import triton_impl  # noqa: F401  (first: it decides TRITON_INTERPRET before Triton loads)
 from conformance.engine.source import VllmSource
 
 # What vllm.triton_utils re-exports (tl, triton, tldevice, ...), by name.

@@ -1,0 +1,211 @@
+"""The engine backends: vLLM's own kernels and CPU port, loaded from its files, reported by name.
+
+These need vLLM 0.33.0's files: ``SPECDIFF_VLLM`` (a release or a path), or its source distribution
+already in the cache (``nox -s engine`` fetches it; CI runs that session first). Without either
+they skip, saying so. The loader's own parts (archives, shim generation, expected findings) are
+tested on files made here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from support import vllm_spec
+
+from conformance import engine, findings
+from conformance.backends import BACKENDS
+from conformance.engine import cpu, source
+from conformance.runner import Case, run_case
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[source.VllmSource]:
+    spec = vllm_spec()
+    if spec is None:
+        pytest.skip(f"no vLLM: set {engine.ENV} or run `nox -s engine` once (it caches vLLM 0.33.0's sdist)")
+    before = engine.named()
+    engine.use(spec)
+    yield engine.located()
+    engine.use(before or "")
+
+
+def _tree(vllm: source.VllmSource, dest: Path, files: list[str]) -> Path:
+    """A source tree holding copies of ``files`` (relative to vLLM's root) and vllm/__init__.py."""
+    for rel in [*files, "vllm/__init__.py"]:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        src = vllm.root / rel if (vllm.root / rel).exists() else vllm.csrc.parent / rel  # type: ignore[union-attr]
+        if src.is_dir():
+            shutil.copytree(src, target, dirs_exist_ok=True)
+        else:
+            shutil.copy(src, target)
+    return dest
+
+
+def _plant(path: Path, find: str, replace: str) -> None:
+    text = path.read_text()
+    assert text.count(find) == 1, f"{find!r} must occur once in {path}"
+    path.write_text(text.replace(find, replace))
+
+
+# -- loading ------------------------------------------------------------------------------------------
+def test_every_contract_resolves_to_a_vllm_kernel_with_its_parameter_names(vllm):
+    from conformance import kernels
+
+    for spec in kernels.SPECS.values():
+        kernel = engine.loader().kernel(spec.qualname)
+        assert kernel is not None, spec.qualname
+        assert list(kernel.arg_names) == list(spec.arg_names), spec.name
+
+
+def test_the_cpu_overrides_are_read_from_the_engines_registration(vllm):
+    table = cpu.registered(vllm)
+    from conformance import kernels
+
+    assert {s.qualname for s in kernels.SPECS.values()} <= set(table)
+    assert table["vllm.v1.sample.rejection_sampler.expand_kernel"] == "_expand_kernel_impl"
+
+
+def test_a_planted_fault_in_vllms_triton_kernel_is_reported_against_vllm(vllm, tmp_path):
+    tree = _tree(vllm, tmp_path / "vllm-planted", ["vllm/v1/sample/rejection_sampler.py"])
+    # The replacement test turned around: values, never addresses, change (an interpreted kernel
+    # that stored out of bounds would corrupt this process).
+    _plant(tree / "vllm/v1/sample/rejection_sampler.py", "tl.where(src_val == replace_from, replace_to, src_val)",
+           "tl.where(src_val == replace_to, replace_from, src_val)")
+    before = engine.named()
+    engine.use(str(tree))
+    try:
+        from conformance.cli import check_kernel
+
+        found = findings.Findings()
+        check_kernel("expand_kernel", ["reference", "cpu", "vllm"], seed=1, findings=found)
+    finally:
+        engine.use(before or "")
+    assert any(f.backend == "vllm" and f.status == "fail" and f.kind == "value" for f in found), [f.headline() for f in found]
+    assert not any(f.backend in ("reference", "cpu") for f in found)
+
+
+def test_a_planted_fault_in_vllms_cpp_is_reported_against_vllm_cpu(vllm, tmp_path):
+    files = ["vllm/v1/sample/rejection_sampler.py", "vllm/utils/cpu_triton_utils.py", "vllm/triton_utils/dispatcher.py",
+             "vllm/platforms/cpu.py", "csrc/cpu"]
+    tree = _tree(vllm, tmp_path / "vllm-planted", files)
+    _plant(tree / "csrc/cpu/spec_decode_utils.cpp", "if (draft_ids_ptr[start_idx + pos] != target_id) {",
+           "if (draft_ids_ptr[start_idx + pos] == target_id) {")
+    report = tmp_path / "engine.json"
+    # One process per build of torch.ops._C (a library namespace registers once per process).
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", "run", "--vllm", str(tree), "--backend", "reference", "--backend", "vllm-cpu",
+         "--kernel", "rejection_greedy_sample_kernel", "--profile", "dev", "--seed", "1", "--call-site", "--report", str(report)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "SPECDIFF_FAILURES": str(tmp_path / "failures")},
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    got = json.loads(report.read_text())["findings"]
+    assert any(f["backend"] == "vllm-cpu" and f["status"] == "fail" and f["expected"] is None for f in got), got
+    assert "new finding: rejection_greedy_sample_kernel x vllm-cpu" in done.stdout
+
+
+def test_a_refusal_inside_a_declared_capability_is_unsupported_not_a_failure(vllm):
+    from conformance.strategies.rejection import _output  # the caller's -1 prefilled output
+
+    a = dict(
+        output_token_ids_ptr=_output(1, 1, torch.int32),
+        cu_num_draft_tokens_ptr=torch.tensor([1], dtype=torch.int32),
+        draft_token_ids_ptr=torch.tensor([3], dtype=torch.int32),
+        target_argmax_ptr=torch.tensor([3], dtype=torch.int64),
+        bonus_token_ids_ptr=torch.tensor([[5]], dtype=torch.int32),
+        is_greedy_ptr=None,
+        max_spec_len=1,
+        uniform_probs_ptr=torch.tensor([0.25], dtype=torch.float64),
+        synthetic_conditional_rates_ptr=torch.tensor([0.5], dtype=torch.float32),
+        SYNTHETIC_MODE=True,
+    )
+    notes: list = []
+    outcomes = run_case(Case("rejection_greedy_sample_kernel", a), ["reference", "cpu", "vllm-cpu"], notes)
+    assert outcomes["vllm-cpu"].error.startswith("AssertionError")
+    assert [(n.backend, n.kind, n.rule) for n in notes] == [("vllm-cpu", "unsupported", "synthetic mode")]
+
+
+# -- the parts that need no vLLM ------------------------------------------------------------------------
+def test_an_archive_keeps_only_sources_and_refuses_links(tmp_path):
+    member = tmp_path / "payload.py"
+    member.write_text("x = 1\n")
+    archive = tmp_path / "vllm-9.9.9.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(member, "vllm-9.9.9/vllm/__init__.py")
+        t.add(member, "vllm-9.9.9/csrc/cpu/x.cpp")
+        t.add(member, "vllm-9.9.9/setup.py")
+        link = tarfile.TarInfo("vllm-9.9.9/vllm/evil.py")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        t.addfile(link)
+    os.environ["SPECDIFF_CACHE"], old = str(tmp_path / "cache"), os.environ.get("SPECDIFF_CACHE")
+    try:
+        src = source.locate(str(archive))
+    finally:
+        if old is None:
+            del os.environ["SPECDIFF_CACHE"]
+        else:
+            os.environ["SPECDIFF_CACHE"] = old
+    assert (src.root / "vllm/__init__.py").is_file() and src.csrc is not None
+    assert not (src.root / "setup.py").exists() and not (src.root / "vllm/evil.py").exists()
+
+
+def test_a_bad_vllm_argument_is_a_clean_error_naming_it(tmp_path, capsys, monkeypatch):
+    from conformance.cli import main
+
+    monkeypatch.setenv(engine.ENV, "")  # the run points the engine at the bad path; restored after
+
+    assert main(["run", "--vllm", str(tmp_path / "nowhere.txt"), "--kernel", "expand_kernel"]) == 2
+    assert "--vllm" in capsys.readouterr().err
+
+
+def test_the_registration_unit_copies_schemas_and_declarations():
+    bindings = '''
+namespace cpu_utils {
+void frob_impl(torch::Tensor& out, const int64_t n);
+}  // namespace cpu_utils
+  ops.def(
+      "frob_impl(Tensor(a0!) out, "
+      "SymInt n) -> ()",
+      &cpu_utils::frob_impl);
+'''
+    unit = cpu.registration(bindings, ["frob_impl"])
+    assert 'ops.def("frob_impl(Tensor(a0!) out, SymInt n) -> ()", &cpu_utils::frob_impl);' in unit
+    assert "namespace cpu_utils { void frob_impl(torch::Tensor& out, const int64_t n); }" in unit
+    with pytest.raises(source.SourceError, match="missing_impl"):
+        cpu.registration(bindings, ["missing_impl"])
+
+
+def test_expected_findings_are_data_and_each_names_a_registered_backend():
+    known = findings.expected()
+    assert len({e.id for e in known}) == len(known)
+    assert all(e.backend in BACKENDS and e.defect for e in known)
+
+
+def test_a_finding_no_entry_lists_is_new(tmp_path):
+    from conformance.runner import Diff
+
+    path = tmp_path / "expected.toml"
+    entry = 'id = "X"\nkernel = "expand_kernel"\nbackend = "vllm-cpu"\noutput = "output_ptr"\nkind = "value"\nrule = "C18 expansion"\n'
+    path.write_text(f'[[finding]]\n{entry}defect = "d"\n[[finding]]\n{entry.replace("X", "Z").replace("value", "unwritten")}defect = "e"\n')
+    found = findings.Findings()
+    case = Case("expand_kernel", {"output_ptr": torch.zeros(1)})
+    found.add(case, Diff("vllm-cpu", "output_ptr", "value", "C18 expansion"), "m")
+    found.add(case, Diff("vllm-cpu", "output_ptr", "stray write", "C18 expansion"), "m")
+    unseen = findings.mark_expected(found, findings.expected(path))
+    assert {f.kind: f.expected for f in found} == {"value": "X", "stray write": None}
+    assert [e.id for e in unseen] == ["Z"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f"[[finding]]\n{entry}")
+    with pytest.raises(ValueError, match="defect"):
+        findings.expected(bad)
