@@ -165,8 +165,7 @@ def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
     asked = known(ns.backend)
     if getattr(ns, "vllm", None):
         engine.use(ns.vllm)
-        if ns.vllm != engine.INSTALLED:
-            engine.located()  # a --vllm that names nothing usable is an error, not a skipped column
+        engine.located()  # a --vllm that names nothing usable is an error, not a skipped column
         asked = asked or [*BUILT_IN, *(b for b, be in BACKENDS.items() if be.engine)]
     backends = asked or [b for b, be in BACKENDS.items() if b in BUILT_IN or (not be.engine and be.unavailable() is None)]
     if ORACLE not in backends:
@@ -193,7 +192,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     )
     for b in backends:
         if BACKENDS[b].engine and BACKENDS[b].unavailable() is None:
-            print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label if engine.named() != engine.INSTALLED else 'the installed vLLM'}", flush=True)
+            print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}", flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")

@@ -83,7 +83,7 @@ class Findings:
         """Writes each group's smallest case under the failures directory, with its replay command."""
         for i, f in enumerate(sorted(self.groups.values(), key=lambda f: f.key)):
             if f.status == "fail" and f.case is not None:
-                path = save_case(f.case, FAILURES_DIR / f"{f.kernel}.{f.backend}.{i}.pt", meta | {"backends": meta.get("backends", [])})
+                path = save_case(f.case, FAILURES_DIR / f"{f.kernel}.{f.backend}.{i}.pt", meta)
                 f.replay = replay_command(path)
 
     def __iter__(self):  # type: ignore[no-untyped-def]

@@ -15,8 +15,9 @@ them with a Python exception.
 from __future__ import annotations
 
 import functools
-import importlib
+import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,6 +46,12 @@ def located() -> VllmSource:
     spec = named()
     if spec is None:
         raise SourceError(f"no vLLM named: pass --vllm VERSION|PATH (or set {ENV})")
+    if spec == INSTALLED:
+        found = importlib.util.find_spec("vllm")
+        if found is None or found.origin is None:
+            raise SourceError("--vllm installed, but no vLLM is installed here")
+        # Its files are read like any tree's; its compiled ops (vllm._C) replace the build from csrc.
+        return VllmSource(Path(found.origin).parent.parent, None, f"the installed vLLM ({Path(found.origin).parent})")
     return locate(spec)
 
 
@@ -62,54 +69,24 @@ def overrides() -> Any:
     return CpuOverrides(located())
 
 
-def _import_qualname(qualname: str) -> Any:
-    parts = qualname.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr, None)
-        return obj
-    return None
-
-
-def _unavailable(need_csrc: bool) -> str | None:
-    spec = named()
-    if spec is None:
+def _unavailable(need_ops: bool) -> str | None:
+    if named() is None:
         return f"no vLLM named: pass --vllm VERSION|PATH (or set {ENV})"
-    if spec == INSTALLED:
-        try:
-            importlib.import_module("vllm")
-        except ImportError as e:
-            return f"--vllm installed, but vLLM is not importable: {e}"
-        return None
     try:
         src = located()
     except SourceError as e:
         return str(e)
-    if need_csrc and src.csrc is None:
+    if need_ops and src.csrc is None and named() != INSTALLED:
         return f"vLLM's C++ sources are not in {src.label}: pass a release or a source tree"
     return None
 
 
 def _triton_kernel(spec: KernelSpec) -> Any:
-    if named() == INSTALLED:
-        return _import_qualname(spec.qualname)
     return loader().kernel(spec.qualname)
 
 
 def _cpu_kernel(spec: KernelSpec) -> Any:
-    if named() == INSTALLED:
-        # The installed engine registered its overrides itself when it found no Triton.
-        importlib.import_module("vllm._C")
-        return _import_qualname(spec.qualname)
-    try:
-        kernel = _triton_kernel(spec)
-    except SourceError:
-        return None
-    return overrides().wrap(spec.qualname, kernel)
+    return overrides().wrap(spec.qualname, _triton_kernel(spec))
 
 
 def _triton_mode() -> str:

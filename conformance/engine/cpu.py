@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import importlib
 import logging
 import os
 import re
@@ -111,6 +112,11 @@ def _load_ops(source: VllmSource) -> str:
     if hasattr(torch.ops._C, "rejection_greedy_sample_kernel_impl"):
         return "already loaded"
     installed = os.environ.get("SPECDIFF_VLLM_OPS")
+    if installed is None and source.csrc is None:
+        importlib.import_module("vllm._C")  # an installed CPU build registers torch.ops._C itself
+        if not hasattr(torch.ops._C, "rejection_greedy_sample_kernel_impl"):
+            raise SourceError("the installed vllm._C has no CPU spec-decode ops: it is not a CPU build")
+        return "vllm._C (installed)"
     path = Path(installed) if installed else build(source, tuple(os.environ.get("SPECDIFF_VLLM_CXXFLAGS", "").split()))
     torch.ops.load_library(str(path))
     return str(path)
