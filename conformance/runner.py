@@ -10,6 +10,7 @@ divergent cell with the inputs that decided it, and a command that replays the s
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import traceback
@@ -103,6 +104,20 @@ def _variants(spec: KernelSpec, args: dict[str, Any]) -> int:
     return 2 if boolean else 1
 
 
+_TORCH_DTYPE_ERROR = re.compile(r"expected scalar type (\w+) but found (\w+)")
+
+
+def _dtype_hint(spec: KernelSpec, args: dict[str, Any], message: str) -> str:
+    """Names the arguments behind a dtype error that does not name them (torch's data_ptr<T> check)."""
+    m = _TORCH_DTYPE_ERROR.search(message)
+    if m is None:
+        return ""
+    found = m.group(2).lower()
+    names = [p.name for p in spec.params if isinstance(args.get(p.name), torch.Tensor)
+             and str(args[p.name].dtype).removeprefix("torch.") in ({"int": "int32", "long": "int64"}.get(found, found), found)]
+    return f" (arguments of that dtype: {', '.join(names) or 'none'})"
+
+
 @dataclass
 class Outcome:
     """What one backend did with one case (one poison variant)."""
@@ -134,7 +149,8 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
         if backend.device() == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # a backend that raises on valid input disagrees with the others
-        return Outcome(error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
+        first, _, rest = str(e).strip().partition("\n")  # the hint joins the line reports quote
+        return Outcome(error=f"{type(e).__name__}: {first}{_dtype_hint(spec, args, first)}\n{rest}\n{traceback.format_exc(limit=-3)}")
     for name, old in before.items():
         if not torch.equal(_bits(old), _bits(args[name])):
             return Outcome(error=f"modified its input '{name}' (inputs must stay unchanged, C27)")
