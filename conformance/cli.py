@@ -335,9 +335,15 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
+    if ns.vllm:
+        engine.use(ns.vllm)
+    usable = [b for b, be in BACKENDS.items() if be.unavailable() is None]
     for name, spec in kernels.SPECS.items():
-        have = [b for b in BACKENDS if BACKENDS[b].resolve(spec) is not None]
+        have = [b for b in usable if BACKENDS[b].resolve(spec) is not None]
         print(f"{name:<45} {spec.family:<14} {', '.join(have)}")
+    for b in BACKENDS:
+        if b not in usable:
+            print(f"(backend {b}: {BACKENDS[b].unavailable()})")
     return 0
 
 
@@ -369,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--backend", action="append", help="only this backend (default: the backends the case was saved from)")
     replay.add_argument("--vllm", metavar="VERSION|PATH", help="the vLLM for the engine backends (default: the one recorded in the case)")
     replay.set_defaults(func=cmd_replay)
-    sub.add_parser("list", help="kernels and the backends that implement them").set_defaults(func=cmd_list)
+    listing = sub.add_parser("list", help="kernels and the backends that implement them")
+    listing.add_argument("--vllm", metavar="VERSION|PATH", help="include vLLM's own kernels and CPU port from here")
+    listing.set_defaults(func=cmd_list)
     for tool in TOOLS:  # the harness's checks of itself: each module adds its own subcommand
         importlib.import_module(f"conformance.{tool}").add_parser(sub)
     ns = parser.parse_args(argv)

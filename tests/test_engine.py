@@ -209,3 +209,13 @@ def test_a_finding_no_entry_lists_is_new(tmp_path):
     bad.write_text(f"[[finding]]\n{entry}")
     with pytest.raises(ValueError, match="defect"):
         findings.expected(bad)
+
+
+def test_list_names_why_an_engine_backend_is_unavailable(capsys, monkeypatch):
+    from conformance.cli import main
+
+    monkeypatch.setenv(engine.ENV, "")
+    engine.use("")
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "expand_kernel" in out and "(backend vllm: no vLLM named" in out
