@@ -73,7 +73,10 @@ def test_the_cpu_overrides_are_read_from_the_engines_registration(vllm):
     table = cpu.registered(vllm)
     from conformance import kernels
 
-    assert {s.qualname for s in kernels.SPECS.values()} <= set(table)
+    # vLLM 0.33.0 ports the V1 kernels to C++ and nothing of Model Runner V2.
+    v1 = {s.qualname for s in kernels.SPECS.values() if s.family != "mrv2"}
+    assert v1 <= set(table)
+    assert not {s.qualname for s in kernels.FAMILIES["mrv2"]} & set(table)
     assert table["vllm.v1.sample.rejection_sampler.expand_kernel"] == "_expand_kernel_impl"
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from conformance.contract import KernelSpec
-from conformance.kernels import dflash, eagle, rejection, slot_mapping
+from conformance.kernels import dflash, eagle, mrv2, rejection, slot_mapping
 
 FAMILIES: dict[str, tuple[KernelSpec, ...]] = {
     "rejection": rejection.SPECS,
     "eagle": eagle.SPECS,
     "dflash": dflash.SPECS,
     "slot_mapping": slot_mapping.SPECS,
+    "mrv2": mrv2.SPECS,
 }
 SPECS: dict[str, KernelSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 

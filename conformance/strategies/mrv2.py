@@ -1,0 +1,158 @@
+"""Cases of Model Runner V2's rejection-sampler kernels (K11–K18).
+
+Every case starts from one MRV2 batch layout (:func:`layouts`): requests with 0..K drafts each,
+state slots permuted through ``idx_mapping`` (more slots than requests), and the per-row
+expansion (``cu_num_logits``, ``expanded_idx_mapping``, ``expanded_local_pos``) derived from it
+exactly as the model runner does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+
+from conformance.kernels import mrv2 as contracts
+from conformance.runner import Case
+from conformance.strategies import cases_for, generator, int_dtypes, seeds
+from conformance.strategies.metadata import I64, padding, wide_dtypes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One MRV2 batch: request ``r`` has ``drafts[r]`` draft rows and a bonus row, rows
+    ``cu[r] .. cu[r+1]-1``, and lives in state slot ``slots[r]`` of ``max_reqs``."""
+
+    drafts: list[int]
+    k: int  # num_speculative_steps: the widest request
+    slots: list[int]
+    max_reqs: int
+
+    @property
+    def requests(self) -> int:
+        return len(self.drafts)
+
+    @property
+    def cu(self) -> list[int]:
+        out = [0]
+        for n in self.drafts:
+            out.append(out[-1] + n + 1)
+        return out
+
+    @property
+    def num_logits(self) -> int:
+        return self.cu[-1]
+
+    @property
+    def row_slot(self) -> list[int]:
+        """expanded_idx_mapping: the state slot of every logits row."""
+        return [s for s, n in zip(self.slots, self.drafts) for _ in range(n + 1)]
+
+    @property
+    def row_step(self) -> list[int]:
+        """expanded_local_pos: the row's index inside its request (its bonus row last)."""
+        return [i for n in self.drafts for i in range(n + 1)]
+
+
+@st.composite
+def layouts(draw: st.DrawFn, max_requests: int = 6, max_k: int = 4, min_requests: int = 0) -> Layout:
+    k = draw(st.integers(1, max_k))
+    drafts = draw(st.lists(st.integers(0, k), min_size=min_requests, max_size=max_requests))
+    if 0 in drafts:
+        event("request without drafts")
+    max_reqs = len(drafts) + draw(st.sampled_from([0, 0, 2, 5]))
+    slots = draw(st.permutations(range(max_reqs)))[: len(drafts)]
+    if slots != sorted(slots):
+        event("permuted idx_mapping")
+    return Layout(drafts, k, list(slots), max_reqs)
+
+
+# -- K11 -------------------------------------------------------------------------------------------
+@cases_for(contracts.K11)
+def gather_cases() -> st.SearchStrategy[Case]:
+    return _gather_cases()
+
+
+@st.composite
+def _gather_cases(draw: st.DrawFn) -> Case:
+    lay = draw(layouts())
+    g = generator(draw(seeds))
+    # Each request schedules its rows' tokens at the end of its query; a prefill chunk may come
+    # first. Tokens outside every logits row are never read.
+    input_ids, positions, indices, prefill = [], [], [], [0] * lay.max_reqs
+    for slot, n in zip(lay.slots, lay.drafts):
+        lead = draw(st.sampled_from([0, 0, 3]))
+        start = int(torch.randint(0, 300, (1,), generator=g))
+        tokens = lead + n + 1
+        base = len(input_ids)
+        input_ids += torch.randint(0, 151_936, (tokens,), generator=g).tolist()
+        positions += list(range(start, start + tokens))
+        indices += list(range(base + lead, base + tokens))
+        # Prefill lengths around the step's first position make some of its drafts placeholders.
+        first = start + lead
+        prefill[slot] = max(0, first + draw(st.integers(-2, n + 1)))
+    for slot in set(range(lay.max_reqs)) - set(lay.slots):
+        prefill[slot] = int(torch.randint(0, 500, (1,), generator=g))
+    spare_tokens = draw(st.sampled_from([0, 0, 2]))
+    input_ids += [7] * spare_tokens
+    positions += [0] * spare_tokens
+    nl = lay.num_logits
+    if lay.requests and draw(st.sampled_from([False, False, True])):
+        perm = torch.randperm(nl, generator=g).tolist()  # rows need not read tokens in order
+        indices = [indices[i] for i in perm]
+        event("logits rows out of token order")
+    tile = draw(st.sampled_from([1024, 1024, 4, 1, 2]))
+    if nl > tile:
+        event("several row tiles")
+    spare = padding(draw)
+    args = dict(
+        draft_sampled_ptr=torch.zeros(nl + spare, dtype=draw(int_dtypes)),
+        pos_ptr=torch.zeros(nl + spare, dtype=draw(wide_dtypes)),
+        input_ids_ptr=torch.tensor(input_ids, dtype=I64).to(draw(int_dtypes)),
+        positions_ptr=torch.tensor(positions, dtype=I64).to(draw(wide_dtypes)),
+        logits_indices_ptr=torch.tensor(indices, dtype=I64).to(draw(wide_dtypes)),
+        expanded_idx_mapping_ptr=torch.tensor(lay.row_slot, dtype=I64).to(draw(wide_dtypes)),
+        expanded_local_pos_ptr=torch.tensor(lay.row_step, dtype=I64).to(draw(int_dtypes)),
+        prefill_len_ptr=torch.tensor(prefill, dtype=I64).to(draw(int_dtypes)),
+        num_logits=nl,
+        BLOCK_SIZE=tile,
+    )
+    return Case(contracts.K11, args)
+
+
+# -- K12 -------------------------------------------------------------------------------------------
+@cases_for(contracts.K12)
+def flatten_cases() -> st.SearchStrategy[Case]:
+    return _flatten_cases()
+
+
+@st.composite
+def _flatten_cases(draw: st.DrawFn) -> Case:
+    lay = draw(layouts())
+    g = generator(draw(seeds))
+    r, width = lay.requests, lay.k + 1
+    counts = []
+    for n in lay.drafts:
+        kind = draw(st.sampled_from(["some", "all", "one", "none"]))
+        counts.append({"some": draw(st.integers(0, n + 1)), "all": n + 1, "one": 1, "none": 0}[kind])
+    wider = draw(st.sampled_from([0, 0, 3]))
+    storage = torch.randint(-1, 151_936, (max(r, 1), width + wider), generator=g).to(draw(int_dtypes))
+    sampled = storage[:r, :width] if r else storage[:0, :width]
+    if wider:
+        event("sampled rows wider than K + 1")
+    if draw(st.sampled_from([False, False, True])):
+        sampled, stride = storage.reshape(-1), width + wider  # the flat buffer the stride addresses
+        event("sampled passed flat")
+    else:
+        stride = sampled.stride(0)
+    args = dict(
+        flat_sampled_ptr=torch.zeros(lay.num_logits + padding(draw), dtype=draw(int_dtypes)),
+        sampled_ptr=sampled,
+        sampled_stride=stride,
+        num_sampled_ptr=torch.tensor(counts, dtype=I64).to(draw(int_dtypes)),
+        cu_num_logits_ptr=torch.tensor(lay.cu, dtype=I64).to(draw(int_dtypes)),
+    )
+    return Case(contracts.K12, args)
+

@@ -1,0 +1,9 @@
+"""CPU launchers of Model Runner V2's rejection-sampler kernels over csrc/mrv2.cpp."""
+
+from __future__ import annotations
+
+from conformance.kernels import mrv2 as contracts
+from cpu_impl.launcher import CpuKernel
+
+_gather_draft_sampled_kernel = CpuKernel(contracts.GATHER_DRAFT_SAMPLED)
+_flatten_sampled_kernel = CpuKernel(contracts.FLATTEN_SAMPLED)

@@ -1,0 +1,55 @@
+"""Triton kernels of Model Runner V2's rejection sampler, with vLLM 0.33.0's names, parameters and
+grids (``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``). Offsets are formed in int64 (C4).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _flatten_sampled_kernel(
+    flat_sampled_ptr,  # [NL] out: the host zero-fills it, the kernel writes the accepted rows
+    sampled_ptr,  # [R, K+1] accepted tokens, rows sampled_stride apart
+    sampled_stride,
+    num_sampled_ptr,  # [R] tokens to copy per request
+    cu_num_logits_ptr,  # [R+1] exclusive row offsets
+):
+    # Launched as kernel[(R,)]: one program per request.
+    req_idx = tl.program_id(0).to(tl.int64)
+    start_idx = tl.load(cu_num_logits_ptr + req_idx).to(tl.int64)
+    num_sampled = tl.load(num_sampled_ptr + req_idx)
+    row = sampled_ptr + req_idx * sampled_stride
+    for i in range(num_sampled):
+        tl.store(flat_sampled_ptr + start_idx + i, tl.load(row + i))
+
+
+@triton.jit
+def _gather_draft_sampled_kernel(
+    draft_sampled_ptr,  # [NL] out: the row's input token, -1 for a placeholder draft
+    pos_ptr,  # [NL] out: the row's position
+    input_ids_ptr,  # [num_tokens]
+    positions_ptr,  # [num_tokens]
+    logits_indices_ptr,  # [NL] token of each logits row
+    expanded_idx_mapping_ptr,  # [NL] request state slot of each row
+    expanded_local_pos_ptr,  # [NL] position of the row inside its request
+    prefill_len_ptr,  # [max_num_reqs]
+    num_logits,
+    BLOCK_SIZE: tl.constexpr,
+):
+    # Launched as kernel[(cdiv(num_logits, BLOCK_SIZE),)].
+    block = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = block < num_logits
+    token_idx = tl.load(logits_indices_ptr + block, mask=mask, other=0).to(tl.int64)
+    token_id = tl.load(input_ids_ptr + token_idx, mask=mask, other=0).to(tl.int64)
+    pos = tl.load(positions_ptr + token_idx, mask=mask, other=0).to(tl.int64)
+    slot = tl.load(expanded_idx_mapping_ptr + block, mask=mask, other=0).to(tl.int64)
+    local_pos = tl.load(expanded_local_pos_ptr + block, mask=mask, other=0).to(tl.int64)
+    prefill_len = tl.load(prefill_len_ptr + slot, mask=mask, other=0).to(tl.int64)
+    # Drafts are proposed only after sampling past the prefill: the draft rows of a step that
+    # starts inside it are placeholders.
+    is_placeholder = (local_pos > 0) & (pos - local_pos < prefill_len)
+    token_id = tl.where(is_placeholder, -1, token_id)
+    tl.store(draft_sampled_ptr + block, token_id, mask=mask)
+    tl.store(pos_ptr + block, pos, mask=mask)
