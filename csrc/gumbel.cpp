@@ -1,0 +1,78 @@
+// Probes of csrc/gumbel.h for tests: each primitive over arrays, compared bit for bit with the
+// oracle and Triton (tests/test_gumbel.py). Not kernels: no contract, checked lengths only.
+#include "gumbel.h"
+
+#include "common.h"
+
+namespace specdiff {
+namespace {
+
+constexpr const char* kProbe = "gumbel probe";
+
+void need_dtype(const char* name, const Buffer& b, int dtype, std::int64_t n) {
+  if (b.dtype != dtype) fail(kProbe, name, "has the wrong dtype");
+  need_len(kProbe, name, b, n);
+}
+
+void philox(Buffer out, Buffer seeds, Buffer offsets, std::int64_t step, bool includes_zero) {
+  const std::int64_t n = out.numel;
+  need_dtype("out", out, kFloat32, n);
+  need_dtype("seeds", seeds, kInt64, n);
+  if (offsets.dtype != kInt32 && offsets.dtype != kInt64) fail(kProbe, "offsets", "must be int32 or int64");
+  need_len(kProbe, "offsets", offsets, n);
+  const bool wide = offsets.dtype == kInt64;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t seed = seeds.as<std::int64_t>()[i];
+    if (step >= 0) seed = gumbel::spec_step_seed(seed, step);
+    const std::int64_t offset = wide ? offsets.as<std::int64_t>()[i] : offsets.as<std::int32_t>()[i];
+    out.as<float>()[i] = gumbel::tl_rand32(seed, offset, wide, includes_zero);
+  }
+}
+
+void murmur3(Buffer hash, Buffer u32, Buffer u64, Buffer noise32, Buffer noise64, Buffer seeds, Buffer pos,
+             Buffer keys) {
+  const std::int64_t n = hash.numel;
+  need_dtype("hash", hash, kInt64, n);
+  need_dtype("u32", u32, kFloat32, n);
+  need_dtype("u64", u64, kFloat64, n);
+  need_dtype("noise32", noise32, kFloat32, n);
+  need_dtype("noise64", noise64, kFloat64, n);
+  need_dtype("seeds", seeds, kInt64, n);
+  need_dtype("pos", pos, kInt64, n);
+  need_dtype("keys", keys, kInt64, n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t s = seeds.as<std::int64_t>()[i], p = pos.as<std::int64_t>()[i];
+    const auto k = static_cast<std::uint32_t>(keys.as<std::int64_t>()[i]);
+    hash.as<std::int64_t>()[i] = gumbel::murmur3_hash32(s, p, k);
+    const float a = gumbel::murmur3_uniform32(s, p, k);
+    const double b = gumbel::murmur3_uniform64(s, p, k);
+    u32.as<float>()[i] = a;
+    u64.as<double>()[i] = b;
+    noise32.as<float>()[i] = gumbel::gumbel32(a);
+    noise64.as<double>()[i] = gumbel::gumbel64(b);
+  }
+}
+
+void numerics(Buffer exp_out, Buffer log_out, Buffer log1p_out, Buffer x) {
+  const std::int64_t n = x.numel;
+  need_dtype("x", x, kFloat32, n);
+  need_dtype("exp", exp_out, kFloat32, n);
+  need_dtype("log", log_out, kFloat32, n);
+  need_dtype("log1p", log1p_out, kFloat32, n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = x.as<float>()[i];
+    exp_out.as<float>()[i] = gumbel::exp32(v);
+    log_out.as<float>()[i] = gumbel::log32(std::fabs(v));
+    log1p_out.as<float>()[i] = gumbel::log1p32(std::max(v, -1.0f));
+  }
+}
+
+}  // namespace
+
+void register_gumbel(py::module_& m) {
+  m.def("philox", &philox);
+  m.def("murmur3", &murmur3);
+  m.def("numerics", &numerics);
+}
+
+}  // namespace specdiff

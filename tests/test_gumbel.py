@@ -1,0 +1,242 @@
+"""MRV2's random streams and numerics as primitives of their own: the oracle, the C++ port and
+Triton (``tl.rand`` itself; our murmur3) agree bit for bit, and the oracle agrees with published
+answers (Random123's Philox4x32-10 known-answer vector, MurmurHash3_x86_32 of a plain byte
+string). Interpreted here; ``docs/gpu.md`` runs the same file compiled on the lent GPU."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import triton_impl
+from cpu_impl import _C
+from cpu_impl.launcher import buf
+from reference import gumbel as ref
+from triton_impl import gumbel as tri
+
+I32, I64, F32, F64 = torch.int32, torch.int64, torch.float32, torch.float64
+EDGE_SEEDS = [0, 1, -1, 2**32, 2**32 + 5, 2**63 - 1, -(2**63), 1234, -5678, 0x9E3779B97F4A7C15 - 2**64]
+BLOCK = 256
+
+
+def device() -> str:
+    return triton_impl.device()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({F32: I32, F64: I64}.get(t.dtype, t.dtype))
+
+
+def assert_bits_equal(name: str, want: torch.Tensor, got: torch.Tensor) -> None:
+    bad = (bits(want.cpu()) != bits(got.cpu())).nonzero().flatten()
+    assert bad.numel() == 0, f"{name}: {bad.numel()} of {want.numel()} differ, first at {int(bad[0])}: {want[bad[0]]} vs {got[bad[0]]}"
+
+
+def draws(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeds over the whole int64 range (edge seeds first), positions, vocabulary keys."""
+    g = torch.Generator().manual_seed(seed)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g, dtype=I64)
+    seeds[: len(EDGE_SEEDS)] = torch.tensor(EDGE_SEEDS, dtype=I64)
+    pos = torch.randint(0, 2**31, (n,), generator=g, dtype=I64)
+    pos[:4] = torch.tensor([0, 2**30, 2**31 - 1, 1])
+    keys = torch.randint(0, 2**20, (n,), generator=g, dtype=I64)
+    return seeds, pos, keys
+
+
+# -- Philox: tl.rand, the clamp, the block-verification seed mixing ------------------------------------
+def test_philox_matches_random123s_known_answer():
+    # Philox4x32-10, counter (0, 0, 0, 0), key (0, 0): word 0 is 0x6627e8d5 (Random123 kat_vectors).
+    assert int(ref.philox_word0(torch.tensor([0]), torch.tensor([0]))[0]) == 0x6627E8D5
+
+
+def test_tl_rand_known_values():
+    # tl.rand(7, 0..3), as compiled Triton 3.6 on an H100 gave it (docs/mrv2.md).
+    u = ref.tl_rand(torch.full((4,), 7), torch.arange(4))
+    for got, prefix in zip(u.tolist(), [0.0908057, 0.8139207, 0.0121502, 0.7803980]):
+        assert prefix <= got < prefix + 1e-7  # the recorded values are truncated to 7 digits
+
+
+def philox_all(seeds: torch.Tensor, offsets: torch.Tensor, step: int, includes_zero: bool) -> dict[str, torch.Tensor]:
+    n = seeds.numel()
+    mixed = ref.spec_step_seed(seeds, step) if step >= 0 else seeds
+    out = {"reference": ref.tl_rand32(mixed, offsets, includes_zero)}
+    c = torch.empty(n, dtype=F32)
+    _C.gumbel.philox(buf(c), buf(seeds), buf(offsets), step, includes_zero)
+    out["cpu"] = c
+    t = torch.empty(n, dtype=F32, device=device())
+    tri._philox_probe_kernel[(-(-n // BLOCK),)](t, seeds.to(device()), offsets.to(device()), n, STEP=step,
+                                                        INCLUDES_ZERO=includes_zero, BLOCK=BLOCK)
+    out["triton"] = t.cpu()
+    return out
+
+
+@pytest.mark.parametrize("offset_dtype", [I64, I32])
+@pytest.mark.parametrize("step", [-1, 0, 3], ids=["plain", "step-0", "step-3"])
+@pytest.mark.parametrize("includes_zero", [False, True])
+def test_philox_three_ways(offset_dtype, step, includes_zero):
+    seeds, pos, _ = draws(4096, 1)
+    offsets = pos.to(offset_dtype) if offset_dtype == I32 else pos * 1031 - 2**40  # negative and >= 2^32 too
+    out = philox_all(seeds, offsets, step, includes_zero)
+    for b in ("cpu", "triton"):
+        assert_bits_equal(f"tl_rand32 {b}", out["reference"], out[b])
+
+
+def test_the_clamp_lifts_only_zero():
+    # tl.rand is 0 for words 0 and 0xFFFFFFFF (once in 2^31 draws): the clamp lifts exactly that
+    # to the smallest nonzero tl.rand, and leaves every other draw alone.
+    lowest = torch.tensor(ref.TL_RAND_MIN, dtype=F32)
+    assert bits(torch.tensor([ref.TL_RAND_MIN], dtype=F32)).item() == 0x2FFFFFFF
+    seeds, pos, _ = draws(4096, 7)
+    raw, clamped = ref.tl_rand(seeds, pos), ref.tl_rand32(seeds, pos, includes_zero=False)
+    assert bool((raw >= lowest).all()) and torch.equal(raw, clamped)  # no zero among these
+    zero = torch.zeros(1, dtype=F32)
+    assert float(torch.clamp_min(zero, lowest)) == float(lowest)
+    assert bits(torch.tensor([ref.TL_RAND_MIN], dtype=F32)).item() == 0x2FFFFFFF
+
+
+def test_spec_step_seed_mixes_the_high_word():
+    s = torch.tensor([5, -1], dtype=I64)
+    assert ref.spec_step_seed(s, 3).tolist() == [5 ^ (3 << 32), -1 ^ (3 << 32)]
+    assert ref.spec_step_seed(s, 0).tolist() == [5, -1]
+
+
+@given(seed=st.integers(-(2**63), 2**63 - 1), offset=st.integers(0, 2**40))
+def test_philox_of_one_scalar_matches_cpp(seed, offset):
+    s, o = torch.tensor([seed], dtype=I64), torch.tensor([offset], dtype=I64)
+    c = torch.empty(1, dtype=F32)
+    _C.gumbel.philox(buf(c), buf(s), buf(o), -1, True)
+    assert_bits_equal("tl_rand", ref.tl_rand(s, o), c)
+
+
+# -- murmur3 and the noise -----------------------------------------------------------------------------
+def murmur3_x86_32(data: bytes, seed: int) -> int:
+    """The textbook MurmurHash3_x86_32 over bytes, written independently of the oracle."""
+    c1, c2, m = 0xCC9E2D51, 0x1B873593, 0xFFFFFFFF
+    h = seed
+    body = len(data) // 4 * 4
+    for (k,) in struct.iter_unpack("<I", data[:body]):
+        k = (k * c1) & m
+        k = ((k << 15) | (k >> 17)) & m
+        k = (k * c2) & m
+        h ^= k
+        h = ((h << 13) | (h >> 19)) & m
+        h = (h * 5 + 0xE6546B64) & m
+    tail, k = data[body:], 0
+    for i, byte in enumerate(tail):
+        k |= byte << (8 * i)
+    if tail:
+        k = (k * c1) & m
+        k = ((k << 15) | (k >> 17)) & m
+        h ^= (k * c2) & m
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & m
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & m
+    return h ^ (h >> 16)
+
+
+def test_the_textbook_murmur3_is_right():
+    assert murmur3_x86_32(b"", 0) == 0
+    assert murmur3_x86_32(b"hello", 0) == 0x248BFA47
+    assert murmur3_x86_32(b"Hello, world!", 1234) == 0xFAF6CDB3
+
+
+@given(seed=st.integers(-(2**63), 2**63 - 1), pos=st.integers(0, 2**31 - 1), key=st.integers(0, 2**20),
+       domain=st.sampled_from([0, 0x9E3779B9]))
+def test_murmur3_is_murmur3_x86_32_of_the_four_words(seed, pos, key, domain):
+    data = struct.pack("<qII", seed, pos, key)
+    want = murmur3_x86_32(data, domain)
+    got = ref.murmur3_hash32(torch.tensor([seed]), torch.tensor([pos]), torch.tensor([key]), domain)
+    assert int(got) == want
+
+
+def murmur3_all(seeds, pos, keys) -> dict[str, tuple[torch.Tensor, ...]]:
+    n = seeds.numel()
+    u32 = ref.murmur3_uniform32(seeds, pos, keys)
+    u64 = ref.murmur3_uniform64(seeds, pos, keys)
+    out = {"reference": (ref.murmur3_hash32(seeds, pos, keys), u32, u64, ref.gumbel32(u32), ref.gumbel64(u64))}
+    dtypes = (I64, F32, F64, F32, F64)
+    c = tuple(torch.empty(n, dtype=d) for d in dtypes)
+    _C.gumbel.murmur3(*map(buf, c), buf(seeds), buf(pos), buf(keys))
+    out["cpu"] = c
+    t = tuple(torch.empty(n, dtype=d, device=device()) for d in dtypes)
+    tri._murmur3_probe_kernel[(-(-n // BLOCK),)](*t, seeds.to(device()), pos.to(device()), keys.to(device()), n,
+                                                         BLOCK=BLOCK)
+    out["triton"] = tuple(x.cpu() for x in t)
+    return out
+
+
+NAMES = ("hash", "uniform32", "uniform64", "noise32", "noise64")
+
+
+def test_murmur3_three_ways():
+    out = murmur3_all(*draws(8192, 2))
+    for b in ("cpu", "triton"):
+        for name, want, got in zip(NAMES, out["reference"], out[b]):
+            if name == "noise64":
+                continue  # float64 libraries: within C29's tolerance, next test
+            assert_bits_equal(f"{name} {b}", want, got)
+
+
+def test_float64_noise_within_the_c29_tolerance():
+    want, *others = (o[4] for o in murmur3_all(*draws(8192, 3)).values())
+    for got in others:
+        ulps = (bits(want) - bits(got)).abs()
+        assert int(ulps.max()) <= 4
+
+
+def test_the_uniforms_stay_inside_their_intervals():
+    seeds, pos, keys = draws(8192, 4)
+    u32 = ref.murmur3_uniform32(seeds, pos, keys)
+    u64 = ref.murmur3_uniform64(seeds, pos, keys)
+    assert bool((u32 > 0).all()) and bool((u32 <= 1).all())
+    assert bool((u64 > 0).all()) and bool((u64 < 1).all())
+    # The float32 uniform is RN((h + 0.5) * 2^-32), computed here in float64 and rounded once.
+    h = ref.murmur3_hash32(seeds, pos, keys)
+    assert_bits_equal("uniform32 = RN((h + 0.5) 2^-32)", ((h.to(F64) + 0.5) * 2.0**-32).to(F32), u32)
+
+
+def test_the_noise_is_gumbel_where_it_decides():
+    # log(1 - u) within vLLM's documented 6e-7 of float64 on the polynomial branch (u < 0.25),
+    # and the noise within 1e-5 of -log(-log1p(-u)) where the argmax is decided (u -> 0).
+    u = torch.linspace(1e-7, 0.9999, 20001, dtype=F32)
+    exact = torch.log1p(-u.to(F64))
+    series = u < 0.25
+    assert float((ref.log1p_neg32(u).to(F64) - exact)[series].abs().max()) < 6e-7
+    noise = (-torch.log(-exact)).to(F32)
+    assert float((ref.gumbel32(u) - noise)[series].abs().max()) < 1e-5
+
+
+# -- C29 numerics: float32 exp/log/log1p through float64 ---------------------------------------------
+def test_numerics_three_ways():
+    g = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.randn(4096, generator=g) * 30, torch.rand(4096, generator=g) * 2 - 1,
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.7, -104.0, 1e-8, -0.999999, float("inf"), float("-inf")])])
+    x = x.to(F32)
+    want = (ref.exp32(x), ref.log32(x.abs()), ref.log1p32(torch.clamp_min(x, -1.0)))
+    c = tuple(torch.empty_like(x) for _ in range(3))
+    _C.gumbel.numerics(*map(buf, c), buf(x))
+    t = tuple(torch.empty_like(x, device=device()) for _ in range(3))
+    tri._numerics_probe_kernel[(-(-x.numel() // BLOCK),)](*t, x.to(device()), x.numel(), BLOCK=BLOCK)
+    for b, got in (("cpu", c), ("triton", tuple(v.cpu() for v in t))):
+        for name, w, g_ in zip(("exp32", "log32", "log1p32"), want, got):
+            assert_bits_equal(f"{name} {b}", w, g_)
+
+
+def test_fma32_rounds_once():
+    # a * b = 2^-24 (1 + 2^-24 - 2^-35) rounds to 2^-24, and 1 + 2^-24 is a tie that goes to even
+    # (1); fused, the exact product lies past the tie (1 + 2^-23).
+    a = torch.tensor([1 + 2.0**-12 + 2.0**-23], dtype=F32)
+    b = torch.tensor([(1 - 2.0**-12) * 2.0**-24], dtype=F32)
+    assert float(a * b + 1.0) == 1.0
+    assert float(ref.fma32(a, b, 1.0)) == 1.0 + 2.0**-23
+    g = torch.Generator().manual_seed(6)
+    x, y, z = (torch.randn(20000, generator=g) for _ in range(3))
+    # The float64 sum rounded to float32 (double rounding: about 2^-29 rare; this seed has none).
+    exact = (x.double() * y.double() + z.double()).to(F32)
+    assert_bits_equal("fma32", exact, ref.fma32(x, y, z))
