@@ -119,7 +119,9 @@ def not_a_tensor(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[
         return None
     n = draw(st.sampled_from(names))
     how = draw(st.sampled_from(["list", "int", "numpy"]))
-    a[n] = a[n].tolist() if how == "list" else a[n].numpy() if how == "numpy" else 1
+    # NumPy has no bfloat16: such a tensor goes to NumPy as float32.
+    numpy = a[n].numpy() if a[n].dtype != torch.bfloat16 else a[n].float().numpy()
+    a[n] = a[n].tolist() if how == "list" else numpy if how == "numpy" else 1
     return "not a tensor", n, how
 
 

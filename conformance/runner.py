@@ -220,7 +220,8 @@ def _diffs(case: Case, backend: str, got: Outcome, good: Outcome | None, variant
                 rule = ""
         dep = None
         if BACKENDS[backend].engine:
-            found = departures.match(spec.name, BACKENDS[backend].mode(), case.args, name, i)
+            found = departures.match(spec.name, BACKENDS[backend].mode(), case.args, name, i,
+                                     good.outputs[name], got.outputs[name])
             dep = found.id if found is not None else None
         out.append(Diff(backend, name, kind, rule, i, departure=dep))
     return out

@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -50,7 +51,7 @@ inline bool prefetch_streams() {
 }
 
 // Must match cpu_impl/launcher.py.
-enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4 };
+enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4, kBFloat16 = 5, kFloat16 = 6 };
 
 struct Buffer {
   std::uintptr_t ptr;
@@ -113,6 +114,30 @@ inline void with_float(const char* kernel, const char* name, int dtype, F&& f) {
     case kFloat32: f(float{}); return;
     case kFloat64: f(double{}); return;
     default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be float32 or float64");
+  }
+}
+
+// Half-precision logits, read as float32 (exact conversions).
+struct BFloat16 {
+  std::uint16_t bits;
+};
+inline float to_float(float x) { return x; }
+inline float to_float(BFloat16 x) {
+  const std::uint32_t w = static_cast<std::uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+inline float to_float(_Float16 x) { return static_cast<float>(x); }
+
+// Calls f(T{}) with T the C++ type of a logits buffer's dtype (float32, bfloat16, float16).
+template <class F>
+inline void with_logits(const char* kernel, const char* name, int dtype, F&& f) {
+  switch (dtype) {
+    case kFloat32: f(float{}); return;
+    case kBFloat16: f(BFloat16{}); return;
+    case kFloat16: f(_Float16{}); return;
+    default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be float32, bfloat16 or float16");
   }
 }
 

@@ -5,9 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common.h"
+#include "gumbel.h"
 #include "launch.h"
 #include "metadata.h"
 
@@ -16,6 +20,10 @@ namespace {
 
 constexpr const char* kGather = "_gather_draft_sampled_kernel";
 constexpr const char* kFlatten = "_flatten_sampled_kernel";
+constexpr const char* kStats = "_compute_local_logits_stats_kernel";
+constexpr std::int64_t kMaxBlock = 1 << 16;  // C29: a tile's exact sum fits int64
+constexpr double kSumScale = 0x1p46;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 constexpr std::int64_t kParallelRows = 16384;
 
@@ -100,11 +108,192 @@ void flatten_sampled(Buffer flat_sampled, Strided sampled, std::int64_t sampled_
   });
 }
 
+// -- the vocabulary-wide kernels: shared checks ----------------------------------------------------
+// Rows other than a request's bonus row (the last row, or one followed by a row at step 0).
+std::vector<std::int64_t> non_bonus_rows(const std::vector<std::int64_t>& local, std::int64_t n) {
+  std::vector<std::int64_t> rows;
+  for (std::int64_t i = 0; i + 1 < n; ++i)
+    if (local[i + 1] != 0) rows.push_back(i);
+  return rows;
+}
+
+// Each listed row's `width` cells at `stride` lie inside the buffer (no product wraps).
+void need_cells(const char* k, const char* name, const Buffer& b, const std::vector<std::int64_t>& rows,
+                std::int64_t stride, std::int64_t width) {
+  if (rows.empty() || width == 0) return;
+  const std::int64_t last = *std::max_element(rows.begin(), rows.end());
+  const std::int64_t at = flat_index(last, stride, width);
+  if (stride < 0 || at < 0 || at > b.numel)
+    fail(k, name, "must hold " + std::to_string(width) + " cells of row " + std::to_string(last) + " at row stride " +
+                      std::to_string(stride) + " (" + std::to_string(b.numel) + " elements)");
+}
+
+// `width` logits from each flat start exist and are finite or -inf (C30); checked before any write.
+template <class T>
+void need_logits(const char* k, const char* name, const Buffer& b, const std::vector<std::int64_t>& starts,
+                 std::int64_t width) {
+  if (starts.empty() || width == 0) return;
+  const T* p = b.as<T>();
+  for (const std::int64_t at : starts) {
+    if (at < 0 || at > b.numel - width)
+      fail(k, name, "must hold " + std::to_string(width) + " elements from flat index " + std::to_string(at) + " (" +
+                        std::to_string(b.numel) + " elements)");
+    for (std::int64_t j = 0; j < width; ++j) {
+      const float x = to_float(p[at + j]);
+      if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
+        fail(k, name, "must hold finite values or -inf in the cells read (C30); flat index " + std::to_string(at + j) +
+                          " holds " + std::to_string(x));
+    }
+  }
+}
+
+std::vector<float> temperatures(const char* k, const Buffer& temp, const std::vector<std::int64_t>& slots) {
+  if (temp.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'temp_ptr' must be float32");
+  std::vector<float> t(slots.size());
+  for (std::size_t j = 0; j < slots.size(); ++j) {
+    if (slots[j] < 0 || slots[j] >= temp.numel)
+      fail(k, "expanded_idx_mapping_ptr",
+           "must hold state slots in [0, " + std::to_string(temp.numel) + ") (temp_ptr's length)");
+    t[j] = temp.as<float>()[slots[j]];
+    if (!(t[j] == 0.0f || (t[j] > 0.0f && std::isfinite(t[j]))))
+      fail(k, "temp_ptr", "must hold temperatures that are 0 (greedy) or finite and > 0 at the rows' slots");
+  }
+  return t;
+}
+
+// C29: the maximum of a tile and the exact sum of exp32(x - max) (0 when nothing is above -inf).
+struct TileStats {
+  float max;
+  float sumexp;
+};
+
+inline TileStats max_and_sumexp(const float* x, std::int64_t n) {
+  float m = kNegInf;
+  for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  if (!(m > kNegInf)) return {m, 0.0f};
+  std::int64_t fixed = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    fixed += static_cast<std::int64_t>(static_cast<double>(gumbel::exp32(x[j] - m)) * kSumScale);
+  return {m, static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale))};
+}
+
+// -- K13 ---------------------------------------------------------------------------------------------
+void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, std::int64_t t_max_stride, Buffer t_sumexp,
+                  std::int64_t t_sumexp_stride, Buffer d_max, std::int64_t d_max_stride, Buffer d_sumexp,
+                  std::int64_t d_sumexp_stride, Buffer target, std::int64_t target_stride, Buffer draft,
+                  std::int64_t draft_stride_0, std::int64_t draft_stride_1, Buffer expanded_idx_mapping,
+                  Buffer expanded_local_pos, Buffer temp, std::int64_t vocab, std::int64_t num_logits, std::int64_t block,
+                  bool has_draft) {
+  const char* k = kStats;
+  need_at_least(k, "num_logits", num_logits, 0);
+  need_at_least(k, "vocab_size", vocab, 0);
+  need_power_of_two(k, "BLOCK_SIZE", block);
+  if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
+  if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
+  const std::vector<std::int64_t> slot_of = load_ints(k, "expanded_idx_mapping_ptr", expanded_idx_mapping, num_logits);
+  const std::vector<std::int64_t> local = load_ints(k, "expanded_local_pos_ptr", expanded_local_pos, num_logits);
+  const std::vector<std::int64_t> rows = non_bonus_rows(local, num_logits);
+  if (rows.empty() || vocab == 0) return;
+  const std::int64_t nb = (vocab + block - 1) / block;
+  std::vector<std::int64_t> slots, target_starts, draft_starts;
+  for (const std::int64_t i : rows) slots.push_back(slot_of[i]);
+  const std::vector<float> t = temperatures(k, temp, slots);
+  struct Out {
+    const char* name;
+    const Buffer* b;
+    std::int64_t stride;
+  };
+  std::vector<Out> outs = {{"target_local_argmax_ptr", &t_argmax, t_argmax_stride},
+                           {"target_local_max_ptr", &t_max, t_max_stride},
+                           {"target_local_sumexp_ptr", &t_sumexp, t_sumexp_stride}};
+  if (has_draft) {
+    outs.push_back({"draft_local_max_ptr", &d_max, d_max_stride});
+    outs.push_back({"draft_local_sumexp_ptr", &d_sumexp, d_sumexp_stride});
+  }
+  for (const Out& o : outs) {
+    const std::string stride_name = std::string(o.name, std::strlen(o.name) - 4) + "_stride";
+    need_at_least(k, stride_name.c_str(), o.stride, 0);
+    need_cells(k, o.name, *o.b, rows, o.stride, nb);
+    if (o.b != &t_argmax && o.b->dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + o.name + "' must be float32");
+  }
+  need_at_least(k, "target_logits_stride", target_stride, 0);
+  for (const std::int64_t i : rows) target_starts.push_back(flat_index(i, target_stride, 0));
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+    need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_starts, vocab);
+  });
+  std::vector<std::size_t> draft_index(rows.size());  // row j's entry in draft_starts (random rows only)
+  if (has_draft) {
+    need_at_least(k, "draft_logits_stride_0", draft_stride_0, 0);
+    need_at_least(k, "draft_logits_stride_1", draft_stride_1, 0);
+    for (std::size_t j = 0; j < rows.size(); ++j) {
+      if (local[rows[j]] < 0) fail(k, "expanded_local_pos_ptr", "must hold local positions >= 0");
+      if (t[j] > 0.0f) {
+        draft_index[j] = draft_starts.size();
+        const std::int64_t a = flat_index(slots[j], draft_stride_0, 0), b = flat_index(local[rows[j]], draft_stride_1, 0);
+        draft_starts.push_back(a < 0 || b < 0 || a > std::numeric_limits<std::int64_t>::max() - b ? -1 : a + b);
+      }
+    }
+    with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+      using D = decltype(d_);
+      need_logits<D>(k, "draft_logits_ptr", draft, draft_starts, vocab);
+      std::size_t r = 0;
+      for (std::size_t j = 0; j < rows.size(); ++j) {
+        if (!(t[j] > 0.0f)) continue;
+        const D* row = draft.as<D>() + draft_starts[r++];
+        for (std::int64_t c = 0; c < vocab; ++c)
+          if (to_float(row[c]) / t[j] == std::numeric_limits<float>::infinity())
+            fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+      }
+    });
+  }
+  with_int(k, "target_local_argmax_ptr", t_argmax.dtype, [&](auto a_) {
+    using A = decltype(a_);
+    with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+      using T = decltype(t_);
+      with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
+        using D = decltype(d_);
+        const std::int64_t cells = static_cast<std::int64_t>(rows.size()) * nb;
+        py::gil_scoped_release nogil;
+#pragma omp parallel if (cells * block >= (1 << 16))
+        {
+          std::vector<float> x(block);
+#pragma omp for schedule(static)
+          for (std::int64_t c = 0; c < cells; ++c) {
+            const std::size_t j = static_cast<std::size_t>(c / nb);
+            const std::int64_t b = c % nb, i = rows[j], lo = b * block, n = std::min(block, vocab - lo);
+            const T* row = target.as<T>() + target_starts[j] + lo;
+            for (std::int64_t q = 0; q < n; ++q) x[q] = to_float(row[q]) + 0.0f;  // -0.0 reads as +0.0 (C30)
+            if (t[j] == 0.0f) {
+              std::int64_t best = 0;  // the first index of the maximum (-inf tiles: 0)
+              for (std::int64_t q = 1; q < n; ++q)
+                if (x[q] > x[best]) best = q;
+              t_argmax.as<A>()[i * t_argmax_stride + b] = static_cast<A>(lo + best);
+              t_max.as<float>()[i * t_max_stride + b] = n > 0 ? x[best] : kNegInf;
+              continue;
+            }
+            const TileStats ts = max_and_sumexp(x.data(), n);
+            t_max.as<float>()[i * t_max_stride + b] = ts.max;
+            t_sumexp.as<float>()[i * t_sumexp_stride + b] = ts.sumexp;
+            if (has_draft) {
+              const D* d = draft.as<D>() + draft_starts[draft_index[j]] + lo;
+              for (std::int64_t q = 0; q < n; ++q) x[q] = (to_float(d[q]) + 0.0f) / t[j];
+              const TileStats ds = max_and_sumexp(x.data(), n);
+              d_max.as<float>()[i * d_max_stride + b] = ds.max;
+              d_sumexp.as<float>()[i * d_sumexp_stride + b] = ds.sumexp;
+            }
+          }
+        }
+      });
+    });
+  });
+}
+
 }  // namespace
 
 void register_mrv2(py::module_& m) {
   def_kernel<&gather_draft_sampled>(m, "_gather_draft_sampled");
   def_kernel<&flatten_sampled>(m, "_flatten_sampled");
+  def_kernel<&logits_stats>(m, "_compute_local_logits_stats");
 }
 
 }  // namespace specdiff

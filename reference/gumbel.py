@@ -181,3 +181,23 @@ def gumbel32(u: torch.Tensor) -> torch.Tensor:
 def gumbel64(u: torch.Tensor) -> torch.Tensor:
     """The float64 resample noise ``-log(-log(u))`` (float64 libraries: C29 tolerance)."""
     return -torch.log(-torch.log(u))
+
+
+SUM_SCALE = 2.0**46  # C29: tile sums are exact in units of 2^-46 (a 2^16-term tile of [0, 1] fits int64)
+
+
+def exact_sum(terms: torch.Tensor) -> torch.Tensor:
+    """The float32 sum over the last dimension of float32 terms in [0, 1]: each term truncated to a
+    multiple of 2^-46, summed exactly in int64 (so any order gives the same bits), then converted
+    to float64 and rounded to float32."""
+    fixed = (terms.to(F64) * SUM_SCALE).to(I64).sum(-1)
+    return (fixed.to(F64) * (1.0 / SUM_SCALE)).to(F32)
+
+
+def max_and_sumexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per tile (last dimension): the maximum and the exact sum of exp32(x - max); 0 for a tile
+    with no value above -inf."""
+    m = x.max(-1).values
+    live = m > float("-inf")
+    e = exp32(x - torch.where(live, m, 0.0)[..., None])
+    return m, torch.where(live, exact_sum(torch.where(live[..., None], e, 0.0)), 0.0)

@@ -6,8 +6,9 @@ import torch
 
 from conformance.kernels import mrv2 as contracts
 from conformance.kernels._checks import flat_view
+from reference import gumbel
 
-I64 = torch.int64
+I64, F32 = torch.int64, torch.float32
 
 
 def _gather_draft_sampled_kernel(
@@ -50,3 +51,70 @@ def _flatten_sampled_kernel(
         k = int(num_sampled_ptr[r])
         row = sampled[r * sampled_stride : r * sampled_stride + k]
         flat_sampled_ptr[cu[r] : cu[r] + k] = row.to(flat_sampled_ptr.dtype)
+
+
+def _tiles(row: torch.Tensor, width: int, block: int) -> torch.Tensor:
+    """A row's first ``width`` values as float32 tiles of ``block`` columns, padded with -inf."""
+    nb = -(-width // block)
+    x = torch.full((nb * block,), float("-inf"), dtype=F32)
+    x[:width] = row[:width].to(F32) + 0.0  # -0.0 reads as +0.0 (C30): maxima are unambiguous
+    return x.view(nb, block)
+
+
+def _compute_local_logits_stats_kernel(
+    target_local_argmax_ptr: torch.Tensor,
+    target_local_argmax_stride: int,
+    target_local_max_ptr: torch.Tensor,
+    target_local_max_stride: int,
+    target_local_sumexp_ptr: torch.Tensor,
+    target_local_sumexp_stride: int,
+    draft_local_max_ptr: torch.Tensor,
+    draft_local_max_stride: int,
+    draft_local_sumexp_ptr: torch.Tensor,
+    draft_local_sumexp_stride: int,
+    target_logits_ptr: torch.Tensor,
+    target_logits_stride: int,
+    draft_logits_ptr: torch.Tensor | None,
+    draft_logits_stride_0: int,
+    draft_logits_stride_1: int,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    expanded_local_pos_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    vocab_size: int,
+    num_logits: int,
+    BLOCK_SIZE: int,
+    HAS_DRAFT_LOGITS: bool,
+) -> None:
+    a = locals()
+    contracts.LOGITS_STATS.check(a)
+    if vocab_size == 0:
+        return
+    v, block = vocab_size, BLOCK_SIZE
+    nb = -(-v // block)
+    target = target_logits_ptr.reshape(-1)
+    out = {name: a[f"{name}_ptr"].view(-1) for name in
+           ("target_local_argmax", "target_local_max", "target_local_sumexp", "draft_local_max", "draft_local_sumexp")}
+
+    def store(name: str, i: int, values: torch.Tensor) -> None:
+        at = i * a[f"{name}_stride"]
+        out[name][at : at + nb] = values.to(out[name].dtype)
+
+    for i in contracts.stats_rows(a).tolist():
+        s = int(expanded_idx_mapping_ptr[i])
+        t = temp_ptr[s].to(F32)
+        x = _tiles(target[i * target_logits_stride :], v, block)
+        if t == 0:
+            # Greedy: each tile's maximum and the first index holding it.
+            j = x.argmax(-1)
+            store("target_local_argmax", i, torch.arange(nb) * block + j)
+            store("target_local_max", i, x.gather(1, j[:, None])[:, 0])
+            continue
+        m, se = gumbel.max_and_sumexp(x)
+        store("target_local_max", i, m)
+        store("target_local_sumexp", i, se)
+        if HAS_DRAFT_LOGITS:
+            at = s * draft_logits_stride_0 + int(expanded_local_pos_ptr[i]) * draft_logits_stride_1
+            d = _tiles(draft_logits_ptr.reshape(-1)[at:], v, block) / t  # float32, rounded once
+            m, se = gumbel.max_and_sumexp(d)
+            store("draft_local_max", i, m)
+            store("draft_local_sumexp", i, se)

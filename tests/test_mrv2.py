@@ -3,13 +3,14 @@ conformance across the three backends, and invalid input on the reference and CP
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import given
 from support import BACKENDS as BACKEND_NAMES
-from support import i32, i64, run
+from support import f32, i32, i64, run
 
 from conformance.backends import BACKENDS
 from conformance.contract import KernelSpec
@@ -115,7 +116,8 @@ def _refused(backend: str, spec: KernelSpec, a: dict[str, Any], error: type, par
     with pytest.raises(error, match=param):
         BACKENDS[backend].resolve(spec)(**a)
     for k, v in before.items():
-        assert torch.equal(a[k], v), f"{k} was written before the error"
+        assert torch.equal(a[k], v) or torch.equal(a[k].isnan(), v.isnan()) and torch.equal(a[k].nan_to_num(), v.nan_to_num()), \
+            f"{k} was written before the error"
 
 
 @cpu_and_reference
@@ -158,3 +160,95 @@ def test_invalid_flatten(backend, change, error, param):
     a = flatten_args([3, 2, 3])
     a.update(change)
     _refused(backend, contracts.FLATTEN_SAMPLED, a, error, param)
+
+
+# -- K13 _compute_local_logits_stats_kernel --------------------------------------------------------------
+INF = float("inf")
+E1 = float(torch.tensor(math.exp(-1.0), dtype=torch.float32))  # exp32(-1) (C29)
+
+
+def stats_args(draft_dtype: torch.dtype = torch.float32, block: int = 4) -> dict[str, Any]:
+    # Request 0: slot 1, greedy, one draft (rows 0, 1); request 1: slot 0, temperature 2, two drafts
+    # (rows 2, 3, 4). Bonus rows 1 and 4 are never computed. V_t = 6 is wider than V = V_d = 5.
+    target = f32([[1, 3, 3, -INF, 2, 9], [7] * 6, [0, -1, -1, -1, -INF, 9], [1, -INF, -INF, -INF, 5, 9], [7] * 6])
+    draft = f32([[[2, 2, -INF, -INF, 4], [0, 0, 0, 0, 0]], [[7] * 5, [7] * 5]]).to(draft_dtype)
+    nb = -(-5 // block)
+    out = {name: torch.full((5, nb), float("nan")) for name in ("target_local_max", "target_local_sumexp", "draft_local_max", "draft_local_sumexp")}
+    out["target_local_argmax"] = torch.full((5, nb), POISON, dtype=I64)
+    args: dict[str, Any] = {}
+    for name in ("target_local_argmax", "target_local_max", "target_local_sumexp", "draft_local_max", "draft_local_sumexp"):
+        args[f"{name}_ptr"], args[f"{name}_stride"] = out[name], nb
+    args.update(
+        target_logits_ptr=target, target_logits_stride=6,
+        draft_logits_ptr=draft, draft_logits_stride_0=10, draft_logits_stride_1=5,
+        expanded_idx_mapping_ptr=i64([1, 1, 0, 0, 0]), expanded_local_pos_ptr=i32([0, 1, 0, 1, 2]),
+        temp_ptr=f32([2.0, 0.0]), vocab_size=5, num_logits=5, BLOCK_SIZE=block, HAS_DRAFT_LOGITS=True,
+    )
+    return args
+
+
+def cells(t: torch.Tensor) -> list[list[float]]:
+    return [[None if v != v else v for v in row] for row in t.tolist()]
+
+
+N = None  # an untouched (NaN-poisoned) cell
+
+
+@backends
+@pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_golden_logits_stats(backend, draft_dtype):
+    a = stats_args(draft_dtype)
+    launch(backend, contracts.LOGITS_STATS, a)
+    # Greedy row 0: the first index of each tile's maximum and that maximum, nothing else.
+    assert a["target_local_argmax_ptr"].tolist() == [[1, 4]] + [[POISON] * 2] * 4
+    assert cells(a["target_local_max_ptr"]) == [[3, 2], [N, N], [0, -INF], [1, 5], [N, N]]
+    # Random rows 2 and 3: sums of exp(x - tile max); an all -inf tile sums to 0.
+    sumexp = float(torch.tensor(1 + 3 * E1, dtype=torch.float32))
+    got = cells(a["target_local_sumexp_ptr"])
+    if backend == "vllm":  # float32 exp and sums: the C29 departure, within 1e-5
+        assert got[2][0] == pytest.approx(sumexp, rel=1e-5)
+        got[2][0] = sumexp
+    assert got == [[N, N], [N, N], [sumexp, 0], [1, 1], [N, N]]
+    # The draft is divided by the temperature first: [1, 1, -inf, -inf | 2] and [0, 0, 0, 0 | 0].
+    assert cells(a["draft_local_max_ptr"]) == [[N, N], [N, N], [1, 2], [0, 0], [N, N]]
+    assert cells(a["draft_local_sumexp_ptr"]) == [[N, N], [N, N], [2, 1], [4, 1], [N, N]]
+
+
+@backends
+def test_golden_logits_stats_one_tile_and_negative_zero(backend):
+    a = stats_args(block=8192)
+    a["target_logits_ptr"][0, :5] = f32([-0.0, 0.0, -0.0, -INF, -1])
+    launch(backend, contracts.LOGITS_STATS, a)
+    # -0.0 reads as +0.0 (C30): the maximum is +0.0 at the first zero.
+    assert a["target_local_argmax_ptr"][0].tolist() == [0]
+    assert str(float(a["target_local_max_ptr"][0, 0])) == ("0.0" if backend != "vllm" else "-0.0")  # C30 departure
+
+
+@given(case=cases(contracts.K13))
+def test_conformance_logits_stats(case):
+    run_case(case, BACKEND_NAMES)
+
+
+@cpu_and_reference
+@pytest.mark.parametrize(
+    "change, error, param",
+    [
+        (dict(temp_ptr=f32([-1.0, 0.0])), ValueError, "temp_ptr"),
+        (dict(temp_ptr=f32([INF, 0.0])), ValueError, "temp_ptr"),
+        (dict(expanded_idx_mapping_ptr=i64([1, 1, 2, 0, 0])), ValueError, "expanded_idx_mapping_ptr"),
+        (dict(BLOCK_SIZE=3), ValueError, "BLOCK_SIZE"),
+        (dict(BLOCK_SIZE=1 << 17), ValueError, "BLOCK_SIZE"),
+        (dict(HAS_DRAFT_LOGITS=False), ValueError, "HAS_DRAFT_LOGITS"),
+        (dict(target_logits_stride=9), ValueError, "target_logits_ptr"),  # row 3 runs past the buffer
+        (dict(draft_logits_stride_1=16), ValueError, "draft_logits_ptr"),  # step 1 runs past the buffer
+        (dict(target_local_max_stride=3), ValueError, "target_local_max_ptr"),
+        (dict(target_local_sumexp_ptr=torch.zeros(5, 2, dtype=torch.float64)), TypeError, "target_local_sumexp_ptr"),
+        (dict(target_logits_ptr=f32([[1, 3, 3, float("nan"), 2, 9]] * 5)), ValueError, "target_logits_ptr"),  # C30
+        (dict(target_logits_ptr=f32([[1, 3, 3, INF, 2, 9]] * 5)), ValueError, "target_logits_ptr"),
+        (dict(temp_ptr=f32([1e-38, 0.0])), ValueError, "draft_logits_ptr"),  # 4 / 1e-38 overflows
+    ],
+)
+def test_invalid_logits_stats(backend, change, error, param):
+    a = stats_args()
+    a.update(change)
+    _refused(backend, contracts.LOGITS_STATS, a, error, param)

@@ -157,3 +157,22 @@ def _numerics_probe_kernel(exp_ptr, log_ptr, log1p_ptr, x_ptr, n, BLOCK: tl.cons
     tl.store(exp_ptr + i, exp32(x), mask=mask)
     tl.store(log_ptr + i, log32(tl.abs(x)), mask=mask)
     tl.store(log1p_ptr + i, log1p32(tl.maximum(x, -1.0)), mask=mask)
+
+
+SUM_SCALE = tl.constexpr(70368744177664.0)  # 2^46 (C29)
+
+
+@triton.jit
+def exact_sum(terms):
+    """The C29 sum of a tile of float32 terms in [0, 1]: exact in units of 2^-46 (int64), then
+    rounded to float32 through float64."""
+    fixed = (terms.to(tl.float64) * SUM_SCALE).to(tl.int64)
+    return (tl.sum(fixed, axis=0).to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32)
+
+
+@triton.jit
+def max_and_sumexp(x):
+    m = tl.max(x, axis=0)
+    live = m > float("-inf")
+    e = exp32(x - tl.where(live, m, 0.0))
+    return m, tl.where(live, exact_sum(tl.where(live, e, 0.0)), 0.0)

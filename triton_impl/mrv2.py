@@ -7,6 +7,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from triton_impl.gumbel import max_and_sumexp
+
 
 @triton.jit
 def _flatten_sampled_kernel(
@@ -53,3 +55,62 @@ def _gather_draft_sampled_kernel(
     token_id = tl.where(is_placeholder, -1, token_id)
     tl.store(draft_sampled_ptr + block, token_id, mask=mask)
     tl.store(pos_ptr + block, pos, mask=mask)
+
+
+@triton.jit
+def _is_bonus_logit(expanded_local_pos_ptr, logit_idx, num_logits):
+    nxt = tl.load(expanded_local_pos_ptr + logit_idx + 1, mask=logit_idx + 1 < num_logits, other=0)
+    return nxt == 0
+
+
+@triton.jit
+def _compute_local_logits_stats_kernel(
+    target_local_argmax_ptr,  # [NL, NB] out: greedy rows
+    target_local_argmax_stride,
+    target_local_max_ptr,  # [NL, NB] out
+    target_local_max_stride,
+    target_local_sumexp_ptr,  # [NL, NB] out: random rows
+    target_local_sumexp_stride,
+    draft_local_max_ptr,  # [NL, NB] out: random rows with draft logits
+    draft_local_max_stride,
+    draft_local_sumexp_ptr,
+    draft_local_sumexp_stride,
+    target_logits_ptr,  # [NL, V_t]
+    target_logits_stride,
+    draft_logits_ptr,  # [max_num_reqs, K, V_d] pre-temperature, or None
+    draft_logits_stride_0,
+    draft_logits_stride_1,
+    expanded_idx_mapping_ptr,  # [NL]
+    expanded_local_pos_ptr,  # [NL]
+    temp_ptr,  # [max_num_reqs]
+    vocab_size,
+    num_logits,
+    BLOCK_SIZE: tl.constexpr,
+    HAS_DRAFT_LOGITS: tl.constexpr,
+):
+    # Launched as kernel[(NL, cdiv(V, BLOCK_SIZE))]; bonus rows need no statistics.
+    logit_idx = tl.program_id(0).to(tl.int64)
+    if _is_bonus_logit(expanded_local_pos_ptr, logit_idx, num_logits):
+        return
+    step = tl.load(expanded_local_pos_ptr + logit_idx).to(tl.int64)
+    slot = tl.load(expanded_idx_mapping_ptr + logit_idx).to(tl.int64)
+    temp = tl.load(temp_ptr + slot).to(tl.float32)
+    block_idx = tl.program_id(1).to(tl.int64)
+    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < vocab_size
+    x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
+    x = x.to(tl.float32) + 0.0  # -0.0 reads as +0.0 (C30)
+    if temp == 0.0:
+        value, idx = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(target_local_argmax_ptr + logit_idx * target_local_argmax_stride + block_idx, block_idx * BLOCK_SIZE + idx)
+        tl.store(target_local_max_ptr + logit_idx * target_local_max_stride + block_idx, value)
+    else:
+        m, se = max_and_sumexp(x)
+        tl.store(target_local_max_ptr + logit_idx * target_local_max_stride + block_idx, m)
+        tl.store(target_local_sumexp_ptr + logit_idx * target_local_sumexp_stride + block_idx, se)
+        if HAS_DRAFT_LOGITS:
+            row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
+            d = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32) + 0.0
+            m, se = max_and_sumexp(tl.math.div_rn(d, temp))  # rounded once (C29)
+            tl.store(draft_local_max_ptr + logit_idx * draft_local_max_stride + block_idx, m)
+            tl.store(draft_local_sumexp_ptr + logit_idx * draft_local_sumexp_stride + block_idx, se)

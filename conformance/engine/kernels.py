@@ -77,7 +77,10 @@ class _Module:
             elif isinstance(stmt, ast.Import):
                 for alias in stmt.names:
                     self.imports[alias.asname or alias.name.split(".")[0]] = (alias.name, "")
-        self._run(loader)
+        self.loader = loader
+        self._done: set[int] = set()  # statements already executed
+        self._seen: set[str] = set()
+        self._run(self._jit_roots())
 
     def _jit_roots(self) -> list[ast.stmt]:
         roots: list[ast.stmt] = []
@@ -88,14 +91,16 @@ class _Module:
                 roots.append(stmt)
         return roots
 
-    def _run(self, loader: KernelLoader) -> None:
+    def _run(self, roots: list[ast.stmt]) -> None:
+        """Executes ``roots`` and every definition they name, each statement once."""
+        loader, seen = self.loader, self._seen
         keep: dict[int, ast.stmt] = {}
-        pending = self._jit_roots()
-        seen: set[str] = set()
+        pending = list(roots)
         while pending:
             stmt = pending.pop()
-            if id(stmt) in keep:
+            if id(stmt) in keep or id(stmt) in self._done:
                 continue
+            self._done.add(id(stmt))
             if isinstance(stmt, ast.ClassDef):  # only the class's kernels: its other methods need vLLM
                 stmt = copy.copy(stmt)
                 stmt.bases, stmt.keywords, stmt.decorator_list = [], [], []
@@ -113,6 +118,8 @@ class _Module:
         exec(code, self.ns)  # vLLM's own kernel text, from the files --vllm named
 
     def get(self, attrs: list[str]) -> Any:
+        if attrs and attrs[0] not in self.ns and attrs[0] in self.definitions:
+            self._run([self.definitions[attrs[0]]])  # a constant another module imports
         obj: Any = self.module
         for a in attrs:
             obj = getattr(obj, a, None)
@@ -140,6 +147,8 @@ class KernelLoader:
     def resolve_import(self, module: str, attr: str) -> Any:
         if module == "vllm.triton_utils" and attr in _TRITON_UTILS:
             return importlib.import_module(_TRITON_UTILS[attr])
+        if module == "vllm.triton_utils" and attr == "HAS_TRITON":
+            return True  # this backend runs vLLM's Triton kernels: constants take their Triton form
         if module.split(".")[0] != "vllm":
             m = importlib.import_module(module)
             return getattr(m, attr) if attr else m

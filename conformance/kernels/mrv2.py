@@ -20,6 +20,7 @@ import torch
 
 from conformance.contract import (
     INT,
+    Flag,
     KernelSpec,
     Role,
     at_least,
@@ -34,10 +35,16 @@ from conformance.contract import (
 )
 from conformance.kernels._checks import exclusive_offsets, flat_view, holds, item, span
 
-I32, I64 = torch.int32, torch.int64
+I32, I64, F32 = torch.int32, torch.int64, torch.float32
+LOGITS = (torch.float32, torch.bfloat16, torch.float16)
 _MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
+_UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 K11 = "_gather_draft_sampled_kernel"
 K12 = "_flatten_sampled_kernel"
+K13 = "_compute_local_logits_stats_kernel"
+# C29: tile sums are exact sums of terms truncated to multiples of 2^-46; a tile of at most 2^16
+# terms in [0, 1] then fits int64.
+MAX_BLOCK = 1 << 16
 
 
 # -- K11 -------------------------------------------------------------------------------------------
@@ -164,4 +171,141 @@ FLATTEN_SAMPLED = KernelSpec(
     doc="MRV2: copy each request's num_sampled tokens to rows cu[r] .. cu[r] + num_sampled[r] - 1",
 )
 
-SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED)
+# -- the vocabulary-wide kernels: shared checks ------------------------------------------------------
+def is_bonus(local_pos: torch.Tensor, n: int) -> torch.Tensor:
+    """Row i is a request's bonus row when it is the last row or the next row starts a request."""
+    nxt = torch.cat([local_pos[1:n].to(I64), torch.zeros(1, dtype=I64)])[:n]
+    return nxt == 0
+
+
+def _float_cells(k: str, name: str, t: torch.Tensor, starts: torch.Tensor, width: int) -> torch.Tensor:
+    """The float32 values of ``width`` elements from each flat start, after checking they exist,
+    hold no NaN and no +inf (C30)."""
+    if starts.numel() == 0 or width == 0:
+        return torch.zeros((starts.numel(), width), dtype=F32)
+    span = t.numel()
+    lo, hi = int(starts.min()), int(starts.max())
+    require(lo >= 0 and hi + width <= span, k, name,
+            f"must hold {width} elements from flat index {lo if lo < 0 else hi} ({span} elements)")
+    vals = t.reshape(-1)[starts[:, None] + torch.arange(width)[None, :]].to(F32)
+    bad = torch.isnan(vals) | (vals == float("inf"))
+    if bool(bad.any()):
+        raise ValueError(f"{k}: '{name}' must hold finite values or -inf in the cells read (C30); "
+                         f"flat index {int(starts[bad.nonzero()[0][0]]) + int(bad.nonzero()[0][1])} holds {float(vals[bad][0])}")
+    return vals
+
+
+def _need_cells(k: str, name: str, t: torch.Tensor, rows: torch.Tensor, stride: int, width: int) -> None:
+    if rows.numel() and width:
+        last = int(rows.max()) * stride + width
+        require(stride >= 0 and last <= t.numel(), k, name,
+                f"must hold {width} cells of row {int(rows.max())} at row stride {stride} ({t.numel()} elements)")
+
+
+def _block_preconditions(k: str, a: Mapping[str, Any]) -> None:
+    at_least(k, "vocab_size", a["vocab_size"], 0)
+    power_of_two(k, "BLOCK_SIZE", a["BLOCK_SIZE"])
+    require(a["BLOCK_SIZE"] <= MAX_BLOCK, k, "BLOCK_SIZE", f"must be at most {MAX_BLOCK} (C29: exact tile sums)")
+
+
+def _temperatures(k: str, a: Mapping[str, Any], slots: torch.Tensor) -> torch.Tensor:
+    temp = a["temp_ptr"]
+    if slots.numel():
+        require(int(slots.min()) >= 0 and int(slots.max()) < temp.numel(), k, "expanded_idx_mapping_ptr",
+                f"must hold state slots in [0, {temp.numel()}) (temp_ptr's length)")
+    t = temp[slots].to(F32) if slots.numel() else torch.zeros(0, dtype=F32)
+    require(bool(((t == 0) | ((t > 0) & torch.isfinite(t))).all()), k, "temp_ptr",
+            "must hold temperatures that are 0 (greedy) or finite and > 0 at the rows' slots")
+    return t
+
+
+# -- K13 -------------------------------------------------------------------------------------------
+def stats_rows(a: Mapping[str, Any]) -> torch.Tensor:
+    """The rows K13 computes: every row but the bonus rows."""
+    n = a["num_logits"]
+    return (~is_bonus(a["expanded_local_pos_ptr"], n)).nonzero().flatten()
+
+
+def _stats_preconditions(a: Mapping[str, Any]) -> None:
+    k, n, v = K13, a["num_logits"], a["vocab_size"]
+    at_least(k, "num_logits", n, 0)
+    _block_preconditions(k, a)
+    for name in ("expanded_idx_mapping_ptr", "expanded_local_pos_ptr"):
+        require_length(k, name, a[name], n)
+    rows = stats_rows(a)
+    if rows.numel() == 0 or v == 0:
+        return
+    nb = cdiv(v, a["BLOCK_SIZE"])
+    slots = a["expanded_idx_mapping_ptr"][rows].to(I64)
+    t = _temperatures(k, a, slots)
+    outputs = ("target_local_argmax", "target_local_max", "target_local_sumexp")
+    for name in outputs + (("draft_local_max", "draft_local_sumexp") if a["HAS_DRAFT_LOGITS"] else ()):
+        at_least(k, f"{name}_stride", a[f"{name}_stride"], 0)
+        _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], rows, a[f"{name}_stride"], nb)
+    at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
+    _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], rows * a["target_logits_stride"], v)
+    if a["HAS_DRAFT_LOGITS"]:
+        steps = a["expanded_local_pos_ptr"][rows].to(I64)
+        require(int(steps.min()) >= 0, k, "expanded_local_pos_ptr", "must hold local positions >= 0")
+        s0, s1 = a["draft_logits_stride_0"], a["draft_logits_stride_1"]
+        at_least(k, "draft_logits_stride_0", s0, 0)
+        at_least(k, "draft_logits_stride_1", s1, 0)
+        random = t > 0
+        vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], (slots * s0 + steps * s1)[random], v)
+        scaled = vals / t[random][:, None]
+        require(not bool((scaled == float("inf")).any()), k, "draft_logits_ptr",
+                "divided by the temperature must stay below +inf (C30)")
+
+
+def _explain_stats(a: Mapping[str, Any], output: str, index: int) -> str:
+    stride = a[output.removesuffix("_ptr") + "_stride"] or 1
+    i, b = divmod(index, stride)
+    if i >= a["num_logits"]:
+        return f"cell {index} lies past every row: it must stay untouched"
+    s = item(a["expanded_idx_mapping_ptr"], i)
+    return (f"row {i} (step {item(a['expanded_local_pos_ptr'], i)}, slot {s}, temperature {item(a['temp_ptr'], s)}), "
+            f"tile {b} of {a['BLOCK_SIZE']} columns")
+
+
+def _stats_rule(a: Mapping[str, Any], output: str, index: int, kind: str) -> str:
+    return "C29 exact tile sum" if "sumexp" in output else "MRV2 tile max"
+
+
+def _row_stats(name: str, out: str, doc: str) -> tuple[Any, ...]:
+    return (ptr(f"{name}_ptr", (F32,) if out == "f" else INT, F32 if out == "f" else I64, doc, role=Role.OUT, ndim=(1, 2)),
+            scalar(f"{name}_stride", "row stride"))
+
+
+LOGITS_STATS = KernelSpec(
+    name=K13,
+    family="mrv2",
+    qualname=f"{_UTILS}.{K13}",
+    params=(
+        *_row_stats("target_local_argmax", "i", "[NL, NB] greedy rows: the first index of each tile's maximum"),
+        *_row_stats("target_local_max", "f", "[NL, NB] each tile's maximum target logit"),
+        *_row_stats("target_local_sumexp", "f", "[NL, NB] random rows: sum of exp(x - tile max) (C29)"),
+        *_row_stats("draft_local_max", "f", "[NL, NB] random rows with draft logits: the tile's maximum of draft / t"),
+        *_row_stats("draft_local_sumexp", "f", "[NL, NB] ... and its sum of exponentials"),
+        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits (finite or -inf, C30)", ndim=(2,)),
+        scalar("target_logits_stride", "row stride of target_logits"),
+        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
+            optional=True, ndim=(3,)),
+        scalar("draft_logits_stride_0", "slot stride (0 without draft logits)"),
+        scalar("draft_logits_stride_1", "step stride (0 without draft logits)"),
+        ptr("expanded_idx_mapping_ptr", INT, I64, "[NL] the state slot of each row"),
+        ptr("expanded_local_pos_ptr", INT, I32, "[NL] the row's step inside its request"),
+        ptr("temp_ptr", (F32,), F32, "[max_num_reqs] temperature per slot; 0 is greedy"),
+        scalar("vocab_size", "V = min(V_t, V_d): the columns read"),
+        scalar("num_logits", "NL"),
+        constexpr("BLOCK_SIZE", "tile width (8192 at the call site)"),
+        constexpr("HAS_DRAFT_LOGITS", "draft_logits_ptr is a tensor"),
+    ),
+    grid=lambda a: (a["num_logits"], cdiv(a["vocab_size"], a["BLOCK_SIZE"])),
+    preconditions=_stats_preconditions,
+    flags=(Flag("HAS_DRAFT_LOGITS", "draft_logits_ptr", lambda x: x is not None, "draft_logits_ptr is a tensor"),),
+    explain=_explain_stats,
+    rule=_stats_rule,
+    doc="MRV2: per row and vocabulary tile, the target (and draft) maximum, argmax for greedy rows, and sum of exponentials",
+)
+
+SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS)

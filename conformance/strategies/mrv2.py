@@ -156,3 +156,104 @@ def _flatten_cases(draw: st.DrawFn) -> Case:
     )
     return Case(contracts.K12, args)
 
+
+
+# -- the vocabulary-wide kernels (K13–K18) -----------------------------------------------------------
+LOGIT_DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A batch with logits: the layout, temperatures and seeds per slot, the target logits
+    ``[NL, V_t]`` and the pre-temperature draft logits ``[max_reqs, K, V_d]`` (or None), of which
+    the kernels read ``V = min(V_t, V_d)`` columns in tiles of ``block``."""
+
+    lay: Layout
+    temp: torch.Tensor
+    seed: torch.Tensor
+    target: torch.Tensor
+    draft: torch.Tensor | None
+    vocab: int
+    block: int
+
+
+def _logits(g: torch.Generator, shape: tuple[int, ...], style: str) -> torch.Tensor:
+    x = torch.randn(shape, generator=g) * 3
+    if style == "ties":
+        x = torch.round(x)  # many equal maxima: first-index rules decide
+    elif style == "masked":
+        x = torch.where(torch.rand(shape, generator=g) < 0.4, float("-inf"), x)  # top-k style -inf cells
+    elif style == "peaked":
+        x[..., 0] += 12.0  # one token holds almost all the mass
+    return x
+
+
+@st.composite
+def scenes(draw: st.DrawFn, greedy: str | None = None) -> Scene:
+    lay = draw(layouts(max_requests=5))
+    g = generator(draw(seeds))
+    block = draw(st.sampled_from([8192, 4, 8, 16]))
+    vocab = draw(st.integers(1, 40)) if block != 8192 else draw(st.sampled_from([5, 37, 8200]))
+    if vocab > block:
+        event("several vocabulary tiles")
+    wider = draw(st.sampled_from([0, 0, 3]))  # a target vocabulary wider than the draft's
+    if wider:
+        event("target vocabulary wider than the draft's")
+    mix = greedy or draw(st.sampled_from(["random", "greedy", "mixed"]))
+    temps = torch.rand(lay.max_reqs, generator=g) * 1.5 + 0.25
+    if mix == "greedy":
+        temps[:] = 0.0
+    elif mix == "mixed":
+        temps[torch.rand(lay.max_reqs, generator=g) < 0.5] = 0.0
+    seed = torch.randint(-(2**63), 2**63 - 1, (lay.max_reqs,), generator=g, dtype=I64)
+    style = draw(st.sampled_from(["plain", "plain", "ties", "masked", "peaked"]))
+    target = _logits(g, (lay.num_logits, vocab + wider), style).to(draw(st.sampled_from([torch.float32] * 3 + [torch.bfloat16])))
+    draft = None
+    if draw(st.booleans()):
+        draft = _logits(g, (lay.max_reqs, lay.k, vocab), style).to(draw(LOGIT_DTYPES))
+    else:
+        event("one-hot drafts (no draft logits)")
+    return Scene(lay, temps, seed, target, draft, vocab, block)
+
+
+def stats_buffers(sc: Scene, draw: st.DrawFn) -> dict[str, object]:
+    nb = -(-sc.vocab // sc.block)
+    out: dict[str, object] = {}
+    for name, dtype in (("target_local_argmax", draw(int_dtypes)), ("target_local_max", torch.float32),
+                        ("target_local_sumexp", torch.float32), ("draft_local_max", torch.float32),
+                        ("draft_local_sumexp", torch.float32)):
+        stride = nb + draw(st.sampled_from([0, 0, 2]))
+        out[f"{name}_ptr"] = torch.zeros((sc.lay.num_logits, stride), dtype=dtype)
+        out[f"{name}_stride"] = stride
+    return out
+
+
+def draft_args(sc: Scene) -> dict[str, object]:
+    d = sc.draft
+    return dict(draft_logits_ptr=d, draft_logits_stride_0=0 if d is None else d.stride(0),
+                draft_logits_stride_1=0 if d is None else d.stride(1))
+
+
+@cases_for(contracts.K13)
+def stats_cases() -> st.SearchStrategy[Case]:
+    return _stats_cases()
+
+
+@st.composite
+def _stats_cases(draw: st.DrawFn) -> Case:
+    sc = draw(scenes())
+    lay = sc.lay
+    args = dict(
+        **stats_buffers(sc, draw),
+        target_logits_ptr=sc.target,
+        target_logits_stride=sc.target.stride(0),
+        **draft_args(sc),
+        expanded_idx_mapping_ptr=torch.tensor(lay.row_slot, dtype=I64).to(draw(wide_dtypes)),
+        expanded_local_pos_ptr=torch.tensor(lay.row_step, dtype=I64).to(draw(int_dtypes)),
+        temp_ptr=sc.temp,
+        vocab_size=sc.vocab,
+        num_logits=lay.num_logits,
+        BLOCK_SIZE=sc.block,
+        HAS_DRAFT_LOGITS=sc.draft is not None,
+    )
+    return Case(contracts.K13, args)
