@@ -8,3 +8,4 @@ from cpu_impl.launcher import CpuKernel
 _gather_draft_sampled_kernel = CpuKernel(contracts.GATHER_DRAFT_SAMPLED)
 _flatten_sampled_kernel = CpuKernel(contracts.FLATTEN_SAMPLED)
 _compute_local_logits_stats_kernel = CpuKernel(contracts.LOGITS_STATS)
+_insert_resampled_kernel = CpuKernel(contracts.INSERT_RESAMPLED)

@@ -21,6 +21,7 @@ namespace {
 constexpr const char* kGather = "_gather_draft_sampled_kernel";
 constexpr const char* kFlatten = "_flatten_sampled_kernel";
 constexpr const char* kStats = "_compute_local_logits_stats_kernel";
+constexpr const char* kInsert = "_insert_resampled_kernel";
 constexpr std::int64_t kMaxBlock = 1 << 16;  // C29: a tile's exact sum fits int64
 constexpr double kSumScale = 0x1p46;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -288,12 +289,82 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
   });
 }
 
+// -- K18 ---------------------------------------------------------------------------------------------
+void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sampled, Buffer local_argmax,
+                      std::int64_t local_argmax_stride, Buffer local_max, std::int64_t local_max_stride, std::int64_t nb,
+                      Buffer cu_num_logits, Buffer expanded_idx_mapping, Buffer temp, std::int64_t padded) {
+  const char* k = kInsert;
+  if (cu_num_logits.numel < 1) fail(k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)");
+  const std::vector<std::int64_t> cu = load_offsets(k, "cu_num_logits_ptr", cu_num_logits, cu_num_logits.numel);
+  const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
+  const std::vector<std::int64_t> count = load_ints(k, "num_sampled_ptr", num_sampled, reqs);
+  need_at_least(k, "resample_num_blocks", nb, 1);
+  need_power_of_two(k, "PADDED_RESAMPLE_NUM_BLOCKS", padded);
+  if (padded < nb) fail(k, "PADDED_RESAMPLE_NUM_BLOCKS", "must be at least resample_num_blocks=" + std::to_string(nb));
+  if (reqs == 0) return;
+  std::vector<std::int64_t> rows(reqs);
+  for (std::int64_t r = 0; r < reqs; ++r) {
+    if (count[r] < 0 || count[r] > cu[r + 1] - cu[r] - 1)
+      fail(k, "num_sampled_ptr", "must hold accepted counts in [0, drafts]; request " + std::to_string(r) + " has " +
+                                     std::to_string(count[r]) + " for " + std::to_string(cu[r + 1] - cu[r] - 1) + " drafts");
+    rows[r] = cu[r] + count[r];
+  }
+  need_fits(k, "num_sampled_ptr", *std::max_element(count.begin(), count.end()) + 1, "num_sampled_ptr", num_sampled);
+  const std::int64_t last_row = *std::max_element(rows.begin(), rows.end());
+  if (last_row >= expanded_idx_mapping.numel)
+    fail(k, "expanded_idx_mapping_ptr", "must hold the slot of row " + std::to_string(last_row));
+  const std::vector<std::int64_t> slot_of = load_ints(k, "expanded_idx_mapping_ptr", expanded_idx_mapping, last_row + 1);
+  std::vector<std::int64_t> slots(reqs);
+  for (std::int64_t r = 0; r < reqs; ++r) slots[r] = slot_of[rows[r]];
+  const std::vector<float> t = temperatures(k, temp, slots);
+  const std::vector<std::int64_t> tokens = load_ints(k, "resampled_local_argmax_ptr", local_argmax, local_argmax.numel);
+  std::vector<std::int64_t> writers;  // requests that insert: random, or greedy at the bonus row
+  for (std::int64_t r = 0; r < reqs; ++r)
+    if (t[r] != 0.0f || rows[r] == cu[r + 1] - 1) writers.push_back(r);
+  if (!writers.empty()) {
+    need_at_least(k, "resampled_local_max_stride", local_max_stride, 0);
+    need_at_least(k, "resampled_local_argmax_stride", local_argmax_stride, 0);
+    need_cells(k, "resampled_local_max_ptr", local_max, writers, local_max_stride, nb);
+    need_cells(k, "resampled_local_argmax_ptr", local_argmax, writers, local_argmax_stride, nb);
+    need_at_least(k, "sampled_stride", sampled_stride, 0);
+    for (const std::int64_t r : writers) {
+      const std::int64_t at = flat_index(r, sampled_stride, count[r]);
+      if (at < 0 || at >= sampled.numel)
+        fail(k, "sampled_ptr", "must hold flat index " + std::to_string(at) + " (row stride " + std::to_string(sampled_stride) + ")");
+      for (std::int64_t b = 0; b < nb; ++b)
+        need_fits(k, "resampled_local_argmax_ptr", tokens[r * local_argmax_stride + b], "sampled_ptr", sampled);
+    }
+  }
+  with_int(k, "sampled_ptr", sampled.dtype, [&](auto s_) {
+    with_int(k, "num_sampled_ptr", num_sampled.dtype, [&](auto n_) {
+      with_float(k, "resampled_local_max_ptr", local_max.dtype, [&](auto m_) {
+        using S = decltype(s_);
+        using N = decltype(n_);
+        using M = decltype(m_);
+        for (const std::int64_t r : writers) {
+          const M* m = local_max.as<M>() + r * local_max_stride;
+          std::int64_t best = 0;
+          M top = -std::numeric_limits<M>::infinity();
+          for (std::int64_t b = 0; b < nb; ++b)
+            if (m[b] > top) {  // NaN never wins; the first tile of the maximum does
+              top = m[b];
+              best = b;
+            }
+          sampled.as<S>()[r * sampled_stride + count[r]] = static_cast<S>(tokens[r * local_argmax_stride + best]);
+        }
+        for (std::int64_t r = 0; r < reqs; ++r) num_sampled.as<N>()[r] = static_cast<N>(count[r] + 1);
+      });
+    });
+  });
+}
+
 }  // namespace
 
 void register_mrv2(py::module_& m) {
   def_kernel<&gather_draft_sampled>(m, "_gather_draft_sampled");
   def_kernel<&flatten_sampled>(m, "_flatten_sampled");
   def_kernel<&logits_stats>(m, "_compute_local_logits_stats");
+  def_kernel<&insert_resampled>(m, "_insert_resampled");
 }
 
 }  // namespace specdiff

@@ -118,3 +118,31 @@ def _compute_local_logits_stats_kernel(
             m, se = gumbel.max_and_sumexp(d)
             store("draft_local_max", i, m)
             store("draft_local_sumexp", i, se)
+
+
+def _insert_resampled_kernel(
+    sampled_ptr: torch.Tensor,
+    sampled_stride: int,
+    num_sampled_ptr: torch.Tensor,
+    resampled_local_argmax_ptr: torch.Tensor,
+    resampled_local_argmax_stride: int,
+    resampled_local_max_ptr: torch.Tensor,
+    resampled_local_max_stride: int,
+    resample_num_blocks: int,
+    cu_num_logits_ptr: torch.Tensor,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    PADDED_RESAMPLE_NUM_BLOCKS: int,
+) -> None:
+    a = locals()
+    contracts.INSERT_RESAMPLED.check(a)
+    nb = resample_num_blocks
+    maxes, argmax = resampled_local_max_ptr.reshape(-1), resampled_local_argmax_ptr.reshape(-1)
+    flat = sampled_ptr.view(-1)
+    for r, k, writes in contracts.insert_rows(a):
+        if writes:
+            m = maxes[r * resampled_local_max_stride :][:nb]
+            m = torch.where(m.isnan(), float("-inf"), m)  # NaN never wins
+            b = int(m.argmax())  # the first tile holding the maximum
+            flat[r * sampled_stride + k] = argmax[r * resampled_local_argmax_stride + b].to(flat.dtype)
+        num_sampled_ptr[r] = k + 1

@@ -252,3 +252,61 @@ def test_invalid_logits_stats(backend, change, error, param):
     a = stats_args()
     a.update(change)
     _refused(backend, contracts.LOGITS_STATS, a, error, param)
+
+
+# -- K18 _insert_resampled_kernel -----------------------------------------------------------------------
+def insert_args(counts: list[int], maxes: list[list[float]], temps: list[float]) -> dict[str, Any]:
+    # Three requests of 2, 0 and 1 drafts in slots 2, 0, 1; two resample tiles each.
+    sampled = torch.full((3, 3), POISON, dtype=I64)
+    tokens = i64([[5, 1030], [7, 1100], [9, 2000]])
+    return dict(
+        sampled_ptr=sampled, sampled_stride=3, num_sampled_ptr=i32(counts),
+        resampled_local_argmax_ptr=tokens, resampled_local_argmax_stride=2,
+        resampled_local_max_ptr=f32(maxes), resampled_local_max_stride=2, resample_num_blocks=2,
+        cu_num_logits_ptr=i32([0, 3, 4, 6]), expanded_idx_mapping_ptr=i64([2, 2, 2, 0, 1, 1]),
+        temp_ptr=f32(temps), PADDED_RESAMPLE_NUM_BLOCKS=2,
+    )
+
+
+@backends
+def test_golden_insert_random(backend):
+    a = insert_args([1, 0, 1], [[1.0, 2.0], [3.0, 3.0], [float("nan"), -INF]], [1.0, 1.0, 1.0])
+    launch(backend, contracts.INSERT_RESAMPLED, a)
+    # Tile 1 wins, the first of equal maxima wins, NaN never wins (then tile 1's -inf loses to nothing: tile 0).
+    assert a["sampled_ptr"].tolist() == [[POISON, 1030, POISON], [7, POISON, POISON], [POISON, 9, POISON]]
+    assert a["num_sampled_ptr"].tolist() == [2, 1, 2]
+
+
+@backends
+def test_golden_insert_greedy(backend):
+    # Greedy requests insert only at their bonus row: request 0 was rejected at draft 1 (the argmax
+    # is already there), request 2 accepted its one draft (bonus row 5).
+    a = insert_args([1, 0, 1], [[1.0, 2.0], [3.0, 3.0], [4.0, 5.0]], [0.0, 0.0, 0.0])
+    launch(backend, contracts.INSERT_RESAMPLED, a)
+    assert a["sampled_ptr"].tolist() == [[POISON] * 3, [7, POISON, POISON], [POISON, 2000, POISON]]
+    assert a["num_sampled_ptr"].tolist() == [2, 1, 2]
+
+
+@given(case=cases(contracts.K18))
+def test_conformance_insert(case):
+    run_case(case, BACKEND_NAMES)
+
+
+@cpu_and_reference
+@pytest.mark.parametrize(
+    "change, error, param",
+    [
+        (dict(num_sampled_ptr=i32([3, 0, 0])), ValueError, "num_sampled_ptr"),  # past request 0's two drafts
+        (dict(num_sampled_ptr=i32([0, -1, 0])), ValueError, "num_sampled_ptr"),
+        (dict(PADDED_RESAMPLE_NUM_BLOCKS=1), ValueError, "PADDED_RESAMPLE_NUM_BLOCKS"),
+        (dict(resample_num_blocks=0), ValueError, "resample_num_blocks"),
+        (dict(resample_num_blocks=3, PADDED_RESAMPLE_NUM_BLOCKS=4), ValueError, "resampled_local_max_ptr"),
+        (dict(sampled_stride=4), ValueError, "sampled_ptr"),
+        (dict(temp_ptr=f32([1.0, -1.0, 1.0])), ValueError, "temp_ptr"),
+        (dict(cu_num_logits_ptr=i32([0, 3, 2, 6])), ValueError, "cu_num_logits_ptr"),
+    ],
+)
+def test_invalid_insert(backend, change, error, param):
+    a = insert_args([1, 0, 1], [[1.0, 2.0], [3.0, 3.0], [4.0, 5.0]], [1.0, 1.0, 1.0])
+    a.update(change)
+    _refused(backend, contracts.INSERT_RESAMPLED, a, error, param)

@@ -114,3 +114,38 @@ def _compute_local_logits_stats_kernel(
             m, se = max_and_sumexp(tl.math.div_rn(d, temp))  # rounded once (C29)
             tl.store(draft_local_max_ptr + logit_idx * draft_local_max_stride + block_idx, m)
             tl.store(draft_local_sumexp_ptr + logit_idx * draft_local_sumexp_stride + block_idx, se)
+
+
+@triton.jit
+def _insert_resampled_kernel(
+    sampled_ptr,  # [R, K+1] in/out
+    sampled_stride,
+    num_sampled_ptr,  # [R] in: accepted drafts; out: + 1
+    resampled_local_argmax_ptr,  # [R, NBr]
+    resampled_local_argmax_stride,
+    resampled_local_max_ptr,  # [R, NBr] float32 or float64
+    resampled_local_max_stride,
+    resample_num_blocks,
+    cu_num_logits_ptr,  # [R+1]
+    expanded_idx_mapping_ptr,  # [NL]
+    temp_ptr,  # [max_num_reqs]
+    PADDED_RESAMPLE_NUM_BLOCKS: tl.constexpr,
+):
+    # Launched as kernel[(R,)].
+    req_idx = tl.program_id(0).to(tl.int64)
+    num_sampled = tl.load(num_sampled_ptr + req_idx)
+    start_idx = tl.load(cu_num_logits_ptr + req_idx).to(tl.int64)
+    end_idx = tl.load(cu_num_logits_ptr + req_idx + 1).to(tl.int64)
+    row = start_idx + num_sampled
+    slot = tl.load(expanded_idx_mapping_ptr + row).to(tl.int64)
+    tl.store(num_sampled_ptr + req_idx, num_sampled + 1)
+    temp = tl.load(temp_ptr + slot).to(tl.float32)
+    if temp == 0.0 and row != end_idx - 1:
+        return  # greedy, rejected at a draft: the target argmax is already in place
+    blocks = tl.arange(0, PADDED_RESAMPLE_NUM_BLOCKS)
+    maxes = tl.load(resampled_local_max_ptr + req_idx * resampled_local_max_stride + blocks,
+                    mask=blocks < resample_num_blocks, other=float("-inf"))
+    maxes = tl.where(maxes != maxes, float("-inf"), maxes)  # NaN never wins
+    _, best = tl.max(maxes, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    token = tl.load(resampled_local_argmax_ptr + req_idx * resampled_local_argmax_stride + best)
+    tl.store(sampled_ptr + req_idx * sampled_stride + num_sampled, token)

@@ -42,6 +42,7 @@ _UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 K11 = "_gather_draft_sampled_kernel"
 K12 = "_flatten_sampled_kernel"
 K13 = "_compute_local_logits_stats_kernel"
+K18 = "_insert_resampled_kernel"
 # C29: tile sums are exact sums of terms truncated to multiples of 2^-46; a tile of at most 2^16
 # terms in [0, 1] then fits int64.
 MAX_BLOCK = 1 << 16
@@ -308,4 +309,88 @@ LOGITS_STATS = KernelSpec(
     doc="MRV2: per row and vocabulary tile, the target (and draft) maximum, argmax for greedy rows, and sum of exponentials",
 )
 
-SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS)
+# -- K18 -------------------------------------------------------------------------------------------
+def insert_rows(a: Mapping[str, Any]) -> list[tuple[int, int, bool]]:
+    """(request, accepted count k, writes) per request: K18 inserts at column k unless the request
+    is greedy and its row k is not the bonus row (the argmax is already there)."""
+    cu = a["cu_num_logits_ptr"].to(I64).tolist()
+    ns = a["num_sampled_ptr"].to(I64).tolist()
+    slots = a["expanded_idx_mapping_ptr"].to(I64)
+    out = []
+    for r in range(len(cu) - 1):
+        row = cu[r] + ns[r]
+        greedy = float(a["temp_ptr"][int(slots[row])]) == 0.0
+        out.append((r, ns[r], not greedy or row == cu[r + 1] - 1))
+    return out
+
+
+def _insert_preconditions(a: Mapping[str, Any]) -> None:
+    k = K18
+    cu_t = a["cu_num_logits_ptr"]
+    require(cu_t.numel() >= 1, k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)")
+    cu = exclusive_offsets(k, "cu_num_logits_ptr", cu_t, cu_t.numel())
+    r = len(cu) - 1
+    require_length(k, "num_sampled_ptr", a["num_sampled_ptr"], r)
+    nb, padded = a["resample_num_blocks"], a["PADDED_RESAMPLE_NUM_BLOCKS"]
+    at_least(k, "resample_num_blocks", nb, 1)
+    power_of_two(k, "PADDED_RESAMPLE_NUM_BLOCKS", padded)
+    require(padded >= nb, k, "PADDED_RESAMPLE_NUM_BLOCKS", f"must be at least resample_num_blocks={nb}")
+    if r == 0:
+        return
+    ns = a["num_sampled_ptr"][:r].to(I64)
+    room = torch.tensor(cu[1:], dtype=I64) - torch.tensor(cu[:-1], dtype=I64) - 1
+    bad = ((ns < 0) | (ns > room)).nonzero()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"{k}: 'num_sampled_ptr' must hold accepted counts in [0, drafts]; request {i} has "
+                         f"{int(ns[i])} for {int(room[i])} drafts")
+    require_fits(k, "num_sampled_ptr", int(ns.max()) + 1, "num_sampled_ptr", a["num_sampled_ptr"])
+    rows = torch.tensor(cu[:-1], dtype=I64) + ns
+    require(int(rows.max()) < a["expanded_idx_mapping_ptr"].numel(), k, "expanded_idx_mapping_ptr",
+            f"must hold the slot of row {int(rows.max())}")
+    _temperatures(k, a, a["expanded_idx_mapping_ptr"][rows].to(I64))
+    writes = [(req, n) for req, n, w in insert_rows(a) if w]
+    if not writes:
+        return
+    reqs = torch.tensor([req for req, _ in writes], dtype=I64)
+    for name in ("resampled_local_max", "resampled_local_argmax"):
+        at_least(k, f"{name}_stride", a[f"{name}_stride"], 0)
+    _need_cells(k, "resampled_local_max_ptr", a["resampled_local_max_ptr"], reqs, a["resampled_local_max_stride"], nb)
+    _need_cells(k, "resampled_local_argmax_ptr", a["resampled_local_argmax_ptr"], reqs, a["resampled_local_argmax_stride"], nb)
+    at_least(k, "sampled_stride", a["sampled_stride"], 0)
+    last = max(req * a["sampled_stride"] + n for req, n in writes)
+    require(last < a["sampled_ptr"].numel(), k, "sampled_ptr", f"must hold flat index {last} (row stride {a['sampled_stride']})")
+    argmax = a["resampled_local_argmax_ptr"].reshape(-1)
+    for req, _ in writes:
+        at = req * a["resampled_local_argmax_stride"]
+        vals = argmax[at : at + nb].to(I64)
+        for v in (int(vals.min()), int(vals.max())):
+            require_fits(k, "resampled_local_argmax_ptr", v, "sampled_ptr", a["sampled_ptr"])
+
+
+INSERT_RESAMPLED = KernelSpec(
+    name=K18,
+    family="mrv2",
+    qualname=f"{_UTILS}.{K18}",
+    params=(
+        ptr("sampled_ptr", INT, I64, "[R, K+1] out: the resampled token lands at column num_sampled[r]",
+            role=Role.INOUT, ndim=(1, 2)),
+        scalar("sampled_stride", "row stride of sampled"),
+        ptr("num_sampled_ptr", INT, I32, "[R] in: accepted drafts; out: + 1 (the resampled or bonus token)", role=Role.INOUT),
+        ptr("resampled_local_argmax_ptr", INT, I64, "[R, NBr] each tile's winning token", ndim=(1, 2)),
+        scalar("resampled_local_argmax_stride", "row stride"),
+        ptr("resampled_local_max_ptr", (F32, torch.float64), F32, "[R, NBr] each tile's winning score (NaN: never wins)",
+            ndim=(1, 2)),
+        scalar("resampled_local_max_stride", "row stride"),
+        scalar("resample_num_blocks", "NBr = cdiv(V, 1024)"),
+        ptr("cu_num_logits_ptr", INT, I32, "[R+1] exclusive row offsets"),
+        ptr("expanded_idx_mapping_ptr", INT, I64, "[NL] the state slot of each row"),
+        ptr("temp_ptr", (F32,), F32, "[max_num_reqs] temperature per slot; 0 is greedy"),
+        constexpr("PADDED_RESAMPLE_NUM_BLOCKS", "next power of two of resample_num_blocks"),
+    ),
+    grid=lambda a: (max(a["cu_num_logits_ptr"].numel() - 1, 0),),
+    preconditions=_insert_preconditions,
+    doc="MRV2: insert each request's resampled (or bonus) token: the winning tile's argmax; count it",
+)
+
+SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, INSERT_RESAMPLED)

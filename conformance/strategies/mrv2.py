@@ -257,3 +257,51 @@ def _stats_cases(draw: st.DrawFn) -> Case:
         HAS_DRAFT_LOGITS=sc.draft is not None,
     )
     return Case(contracts.K13, args)
+
+
+# -- K18 -------------------------------------------------------------------------------------------
+@cases_for(contracts.K18)
+def insert_cases() -> st.SearchStrategy[Case]:
+    return _insert_cases()
+
+
+@st.composite
+def _insert_cases(draw: st.DrawFn) -> Case:
+    lay = draw(layouts())
+    g = generator(draw(seeds))
+    r = lay.requests
+    temps = torch.rand(lay.max_reqs, generator=g) + 0.5
+    temps[torch.rand(lay.max_reqs, generator=g) < draw(st.sampled_from([0.0, 0.5, 1.0]))] = 0.0
+    counts = [draw(st.sampled_from([0, n, int(torch.randint(0, n + 1, (1,), generator=g))])) for n in lay.drafts]
+    nb = draw(st.sampled_from([1, 2, 3, 149]))  # 149 = cdiv(151936, 1024)
+    padded = next_pow2(nb) * draw(st.sampled_from([1, 1, 2]))
+    maxes = torch.randn((max(r, 1), nb + draw(st.sampled_from([0, 2]))), generator=g, dtype=torch.float64)
+    style = draw(st.sampled_from(["plain", "ties", "nan", "-inf"]))
+    if style == "ties":
+        maxes = torch.round(maxes)  # equal maxima: the first tile wins
+    elif style == "nan":
+        maxes[torch.rand(maxes.shape, generator=g) < 0.3] = float("nan")  # NaN never wins
+    elif style == "-inf":
+        maxes[:] = float("-inf")  # every tile empty: tile 0
+    event(f"tile maxima: {style}")
+    tokens = torch.arange(maxes.shape[1]) * 1024 + torch.randint(0, 1024, maxes.shape, generator=g)
+    sampled = torch.randint(-1, 151_936, (max(r, 1), lay.k + 1 + draw(st.sampled_from([0, 2]))), generator=g)
+    args = dict(
+        sampled_ptr=sampled[:r].to(draw(int_dtypes)),
+        sampled_stride=sampled.shape[1],
+        num_sampled_ptr=torch.tensor(counts, dtype=I64).to(draw(int_dtypes)),
+        resampled_local_argmax_ptr=tokens[:r].to(draw(int_dtypes)),
+        resampled_local_argmax_stride=tokens.shape[1],
+        resampled_local_max_ptr=maxes[:r].to(draw(st.sampled_from([torch.float32, torch.float64]))),
+        resampled_local_max_stride=maxes.shape[1],
+        resample_num_blocks=nb,
+        cu_num_logits_ptr=torch.tensor(lay.cu, dtype=I64).to(draw(int_dtypes)),
+        expanded_idx_mapping_ptr=torch.tensor(lay.row_slot, dtype=I64).to(draw(wide_dtypes)),
+        temp_ptr=temps,
+        PADDED_RESAMPLE_NUM_BLOCKS=padded,
+    )
+    return Case(contracts.K18, args)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
