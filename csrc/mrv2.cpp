@@ -341,7 +341,11 @@ void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sa
         using S = decltype(s_);
         using N = decltype(n_);
         using M = decltype(m_);
-        for (const std::int64_t r : writers) {
+        const auto writing = static_cast<std::int64_t>(writers.size());
+        py::gil_scoped_release nogil;
+#pragma omp parallel for if (writing >= kParallelSmallRows) schedule(static)
+        for (std::int64_t w = 0; w < writing; ++w) {
+          const std::int64_t r = writers[w];
           const M* m = local_max.as<M>() + r * local_max_stride;
           std::int64_t best = 0;
           M top = -std::numeric_limits<M>::infinity();
