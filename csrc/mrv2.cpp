@@ -22,6 +22,7 @@ constexpr const char* kGather = "_gather_draft_sampled_kernel";
 constexpr const char* kFlatten = "_flatten_sampled_kernel";
 constexpr const char* kStats = "_compute_local_logits_stats_kernel";
 constexpr const char* kInsert = "_insert_resampled_kernel";
+constexpr const char* kCumulative = "_compute_cumulative_log_p_kernel";
 constexpr std::int64_t kMaxBlock = 1 << 16;  // C29: a tile's exact sum fits int64
 constexpr double kSumScale = 0x1p46;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -289,6 +290,145 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
   });
 }
 
+// -- log-probabilities from tile statistics (K14–K17) ------------------------------------------------
+struct Stats {
+  const float* max;
+  std::int64_t max_stride;
+  const float* sumexp;
+  std::int64_t sumexp_stride;
+};
+
+// C29: G + log(T), T the float64 sum in tile order of sumexp_b * exp32(max_b - G) (exact products).
+inline float logsumexp(const Stats& s, std::int64_t row, std::int64_t nb) {
+  const float* m = s.max + row * s.max_stride;
+  const float* se = s.sumexp + row * s.sumexp_stride;
+  float g = kNegInf;
+  for (std::int64_t b = 0; b < nb; ++b) g = std::max(g, m[b]);
+  double total = 0.0;
+  for (std::int64_t b = 0; b < nb; ++b) total += static_cast<double>(se[b]) * static_cast<double>(gumbel::exp32(m[b] - g));
+  return static_cast<float>(static_cast<double>(g) + std::log(total));
+}
+
+// Rows' statistics exist, hold no NaN, finite sums >= 0, and a tile above -inf each (C30).
+void need_stats(const char* k, const char* side_max, const char* side_sumexp, const char* max_stride_name,
+                const char* sumexp_stride_name, const Buffer& mx, std::int64_t mx_stride, const Buffer& se,
+                std::int64_t se_stride, const std::vector<std::int64_t>& rows, std::int64_t nb) {
+  if (rows.empty()) return;
+  need_at_least(k, max_stride_name, mx_stride, 0);
+  need_cells(k, side_max, mx, rows, mx_stride, nb);
+  need_at_least(k, sumexp_stride_name, se_stride, 0);
+  need_cells(k, side_sumexp, se, rows, se_stride, nb);
+  if (mx.dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + side_max + "' must be float32");
+  if (se.dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + side_sumexp + "' must be float32");
+  for (const std::int64_t i : rows) {
+    bool live = false;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const float m = mx.as<float>()[i * mx_stride + b], e = se.as<float>()[i * se_stride + b];
+      if (std::isnan(m) || m == std::numeric_limits<float>::infinity())
+        fail(k, side_max, "must hold finite maxima or -inf in the rows read (C30)");
+      if (!(e >= 0.0f && std::isfinite(e))) fail(k, side_sumexp, "must hold finite sums >= 0 in the rows read (C30)");
+      live = live || m > kNegInf;
+    }
+    if (!live) fail(k, side_max, "must have a tile above -inf in every row read (a log-sum-exp of nothing is not a number)");
+  }
+}
+
+// -- K14 ---------------------------------------------------------------------------------------------
+void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buffer t_max, std::int64_t t_max_stride,
+                      Buffer t_sumexp, std::int64_t t_sumexp_stride, Buffer draft_sampled, Buffer draft,
+                      std::int64_t draft_stride_0, std::int64_t draft_stride_1, Buffer d_max, std::int64_t d_max_stride,
+                      Buffer d_sumexp, std::int64_t d_sumexp_stride, Buffer cu_num_logits, Buffer idx_mapping, Buffer temp,
+                      std::int64_t nb, std::int64_t padded, bool has_draft) {
+  const char* k = kCumulative;
+  if (cu_num_logits.numel < 1) fail(k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)");
+  const std::vector<std::int64_t> cu = load_offsets(k, "cu_num_logits_ptr", cu_num_logits, cu_num_logits.numel);
+  const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
+  for (std::int64_t r = 0; r < reqs; ++r)
+    if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
+  const std::vector<std::int64_t> slots = load_ints(k, "idx_mapping_ptr", idx_mapping, reqs);
+  need_at_least(k, "vocab_num_blocks", nb, 1);
+  need_power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded);
+  if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
+  if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
+  if (reqs == 0) return;
+  for (const std::int64_t s : slots)
+    if (s < 0 || s >= temp.numel)
+      fail(k, "idx_mapping_ptr", "must hold state slots in [0, " + std::to_string(temp.numel) + ") (temp_ptr's length)");
+  const std::vector<float> t = temperatures(k, temp, slots);
+  need_len(k, "draft_sampled_ptr", draft_sampled, cu.back());
+  need_len(k, "cumulative_log_p_ptr", out, cu.back());
+  if (out.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+  const std::vector<std::int64_t> tokens = load_ints(k, "draft_sampled_ptr", draft_sampled, cu.back());
+  // The steps with a draft: (request, row, token).
+  std::vector<std::int64_t> rows, target_at, draft_at;
+  for (std::int64_t r = 0; r < reqs; ++r) {
+    if (t[r] == 0.0f) continue;
+    for (std::int64_t i = cu[r]; i < cu[r + 1] - 1; ++i) {
+      const std::int64_t d = tokens[i + 1];
+      if (d < 0) continue;
+      rows.push_back(i);
+      const std::int64_t at = flat_index(i, target_stride, d);
+      target_at.push_back(at);
+      if (has_draft) {
+        const std::int64_t a = flat_index(slots[r], draft_stride_0, 0), b = flat_index(i - cu[r], draft_stride_1, d);
+        draft_at.push_back(a < 0 || b < 0 || a > std::numeric_limits<std::int64_t>::max() - b ? -1 : a + b);
+      }
+    }
+  }
+  if (!rows.empty()) {
+    need_stats(k, "target_local_max_ptr", "target_local_sumexp_ptr", "target_local_max_stride",
+               "target_local_sumexp_stride", t_max, t_max_stride, t_sumexp, t_sumexp_stride, rows, nb);
+    need_at_least(k, "target_logits_stride", target_stride, 0);
+    with_logits(k, "target_logits_ptr", target.dtype,
+                [&](auto t_) { need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_at, 1); });
+    if (has_draft) {
+      need_stats(k, "draft_local_max_ptr", "draft_local_sumexp_ptr", "draft_local_max_stride", "draft_local_sumexp_stride",
+                 d_max, d_max_stride, d_sumexp, d_sumexp_stride, rows, nb);
+      need_at_least(k, "draft_logits_stride_0", draft_stride_0, 0);
+      need_at_least(k, "draft_logits_stride_1", draft_stride_1, 0);
+      with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+        using D = decltype(d_);
+        need_logits<D>(k, "draft_logits_ptr", draft, draft_at, 1);
+        std::size_t j = 0;
+        for (std::int64_t r = 0; r < reqs; ++r) {
+          if (t[r] == 0.0f) continue;
+          for (std::int64_t i = cu[r]; i < cu[r + 1] - 1; ++i)
+            if (tokens[i + 1] >= 0 && to_float(draft.as<D>()[draft_at[j++]]) / t[r] == std::numeric_limits<float>::infinity())
+              fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+        }
+      });
+    }
+  }
+  const Stats ts{t_max.as<float>(), t_max_stride, t_sumexp.as<float>(), t_sumexp_stride};
+  const Stats ds{d_max.as<float>(), d_max_stride, d_sumexp.as<float>(), d_sumexp_stride};
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+    with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
+      using T = decltype(t_);
+      using D = decltype(d_);
+      float* cumulative = out.as<float>();
+      py::gil_scoped_release nogil;
+#pragma omp parallel for if (reqs >= kParallelGatherRows) schedule(dynamic, 16)
+      for (std::int64_t r = 0; r < reqs; ++r) {
+        if (t[r] == 0.0f) continue;
+        float log_p = 0.0f;
+        for (std::int64_t i = cu[r]; i < cu[r + 1] - 1; ++i) {
+          const std::int64_t d = tokens[i + 1];
+          if (d >= 0) {
+            const float lp = to_float(target.as<T>()[i * target_stride + d]) - logsumexp(ts, i, nb);
+            float lq = 0.0f;
+            if (has_draft) {
+              const D* row = draft.as<D>() + slots[r] * draft_stride_0 + (i - cu[r]) * draft_stride_1;
+              lq = to_float(row[d]) / t[r] - logsumexp(ds, i, nb);
+            }
+            log_p = std::fmin(log_p + (lp - lq), 0.0f);  // a NaN gives 0, as Triton's tl.minimum
+          }
+          cumulative[i] = log_p;
+        }
+      }
+    });
+  });
+}
+
 // -- K18 ---------------------------------------------------------------------------------------------
 void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sampled, Buffer local_argmax,
                       std::int64_t local_argmax_stride, Buffer local_max, std::int64_t local_max_stride, std::int64_t nb,
@@ -369,6 +509,7 @@ void register_mrv2(py::module_& m) {
   def_kernel<&flatten_sampled>(m, "_flatten_sampled");
   def_kernel<&logits_stats>(m, "_compute_local_logits_stats");
   def_kernel<&insert_resampled>(m, "_insert_resampled");
+  def_kernel<&cumulative_log_p>(m, "_compute_cumulative_log_p");
 }
 
 }  // namespace specdiff

@@ -201,3 +201,15 @@ def max_and_sumexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     live = m > float("-inf")
     e = exp32(x - torch.where(live, m, 0.0)[..., None])
     return m, torch.where(live, exact_sum(torch.where(live[..., None], e, 0.0)), 0.0)
+
+
+def logsumexp(m: torch.Tensor, se: torch.Tensor) -> torch.Tensor:
+    """C29 log-sum-exp of a row from its tile maxima ``m`` and sums ``se`` (float32):
+    ``G + log(T)``, ``G = max m``, ``T`` the float64 sum in tile order of ``se_b * exp32(m_b - G)``
+    (each product exact in float64, so a fused multiply-add changes nothing), rounded to float32."""
+    g = m.max()
+    e = exp32(m - g)
+    total = torch.zeros((), dtype=F64)
+    for term in se.to(F64) * e.to(F64):
+        total = total + term
+    return (g.to(F64) + torch.log(total)).to(F32)

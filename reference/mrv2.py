@@ -146,3 +146,58 @@ def _insert_resampled_kernel(
             b = int(m.argmax())  # the first tile holding the maximum
             flat[r * sampled_stride + k] = argmax[r * resampled_local_argmax_stride + b].to(flat.dtype)
         num_sampled_ptr[r] = k + 1
+
+
+def _lse(a: dict, side: str, row: int, nb: int) -> torch.Tensor:
+    m = a[f"{side}_local_max_ptr"].reshape(-1)[row * a[f"{side}_local_max_stride"] :][:nb]
+    se = a[f"{side}_local_sumexp_ptr"].reshape(-1)[row * a[f"{side}_local_sumexp_stride"] :][:nb]
+    return gumbel.logsumexp(m, se)
+
+
+def _log_probs(a: dict, row: int, slot: int, step: int, token: int, t: torch.Tensor, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p, log q) of ``token`` at logits row ``row`` (draft step ``step`` of ``slot``): the
+    logit minus the row's C29 log-sum-exp; log q = 0 for one-hot drafts."""
+    x = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32)
+    lp = x - _lse(a, "target", row, nb)
+    if a["draft_logits_ptr"] is None:
+        return lp, torch.zeros((), dtype=F32)
+    at = slot * a["draft_logits_stride_0"] + step * a["draft_logits_stride_1"] + token
+    y = a["draft_logits_ptr"].reshape(-1)[at].to(F32) / t
+    return lp, y - _lse(a, "draft", row, nb)
+
+
+def _compute_cumulative_log_p_kernel(
+    cumulative_log_p_ptr: torch.Tensor,
+    target_logits_ptr: torch.Tensor,
+    target_logits_stride: int,
+    target_local_max_ptr: torch.Tensor,
+    target_local_max_stride: int,
+    target_local_sumexp_ptr: torch.Tensor,
+    target_local_sumexp_stride: int,
+    draft_sampled_ptr: torch.Tensor,
+    draft_logits_ptr: torch.Tensor | None,
+    draft_logits_stride_0: int,
+    draft_logits_stride_1: int,
+    draft_local_max_ptr: torch.Tensor,
+    draft_local_max_stride: int,
+    draft_local_sumexp_ptr: torch.Tensor,
+    draft_local_sumexp_stride: int,
+    cu_num_logits_ptr: torch.Tensor,
+    idx_mapping_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    vocab_num_blocks: int,
+    PADDED_VOCAB_NUM_BLOCKS: int,
+    HAS_DRAFT_LOGITS: bool,
+) -> None:
+    a = locals()
+    contracts.CUMULATIVE_LOG_P.check(a)
+    cu = cu_num_logits_ptr.to(I64).tolist()
+    log_p, request = torch.zeros((), dtype=F32), -1
+    for r, s, i, d in contracts.cumulative_steps(a):
+        if r != request:
+            log_p, request = torch.zeros((), dtype=F32), r  # p_0 = 1
+        if d >= 0:  # a placeholder carries the previous value
+            lp, lq = _log_probs(a, i, s, i - cu[r], d, temp_ptr[s].to(F32), vocab_num_blocks)
+            # min(0, .) as Triton's tl.minimum: a NaN (log p = log q = -inf) gives 0.
+            log_p = torch.fmin(log_p + (lp - lq), torch.zeros((), dtype=F32))
+        cumulative_log_p_ptr[i] = log_p

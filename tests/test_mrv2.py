@@ -310,3 +310,76 @@ def test_invalid_insert(backend, change, error, param):
     a = insert_args([1, 0, 1], [[1.0, 2.0], [3.0, 3.0], [4.0, 5.0]], [1.0, 1.0, 1.0])
     a.update(change)
     _refused(backend, contracts.INSERT_RESAMPLED, a, error, param)
+
+
+# -- K14 _compute_cumulative_log_p_kernel ------------------------------------------------------------------
+def f32v(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def cumulative_args(draft: bool) -> dict[str, Any]:
+    # Request 0: slot 1, random, drafts [0, -1, 1] (rows 0..3); request 1: slot 0, greedy (rows 4, 5).
+    # Target rows are [0, 0] (log p = -log 2); draft rows [1, 0] at temperature 2 (log q(0) = 0.5 - log(e^0.5 + 1)).
+    target = f32([[0.0, 0.0]] * 6)
+    stats = {f"{side}_local_{stat}": f32([[v]] * 6) for side in ("target", "draft")
+             for stat, v in (("max", 0.0 if side == "target" else 0.5), ("sumexp", 2.0 if side == "target" else 1 + E_HALF))}
+    args: dict[str, Any] = dict(
+        cumulative_log_p_ptr=torch.full((6,), float("nan")), target_logits_ptr=target, target_logits_stride=2,
+        draft_sampled_ptr=i32([7, 0, -1, 1, 7, 1]),
+        draft_logits_ptr=f32([[[9.0, 9.0]] * 3, [[1.0, 0.0]] * 3]) if draft else None,
+        draft_logits_stride_0=6 if draft else 0, draft_logits_stride_1=2 if draft else 0,
+        cu_num_logits_ptr=i32([0, 4, 6]), idx_mapping_ptr=i64([1, 0]), temp_ptr=f32([0.0, 2.0]),
+        vocab_num_blocks=1, PADDED_VOCAB_NUM_BLOCKS=1, HAS_DRAFT_LOGITS=draft)
+    for name, t in stats.items():
+        args[f"{name}_ptr"], args[f"{name}_stride"] = t, 1
+    return args
+
+
+E_HALF = f32v(math.exp(-0.5))
+
+
+@backends
+@pytest.mark.parametrize("draft", [False, True], ids=["one-hot", "draft-logits"])
+def test_golden_cumulative_log_p(backend, draft):
+    a = cumulative_args(draft)
+    launch(backend, contracts.CUMULATIVE_LOG_P, a)
+    lp = f32v(0.0 - f32v(math.log(2.0)))
+    if draft:  # log q(0) = 0.5 - log(1 + exp32(-0.5)); q(1) = ... for token 1: 0 - same
+        lse_d = f32v(0.5 + math.log(1 + E_HALF))
+        lq0, lq1 = f32v(0.5 - lse_d), f32v(0.0 - lse_d)
+    else:
+        lq0 = lq1 = 0.0
+    step0 = min(f32v(0.0 + f32v(lp - lq0)), 0.0)
+    step2 = min(f32v(step0 + f32v(lp - lq1)), 0.0)
+    # The placeholder (step 1) carries step 0's value; the greedy request is skipped.
+    got = cells(a["cumulative_log_p_ptr"][None])[0]
+    if backend == "vllm":  # float32 exp/log: the C29 departure
+        assert got[:3] == pytest.approx([step0, step0, step2], rel=1e-5, abs=1e-6)
+        got[:3] = [step0, step0, step2]
+    assert got == [step0, step0, step2, N, N, N]
+
+
+@given(case=cases(contracts.K14))
+def test_conformance_cumulative_log_p(case):
+    run_case(case, BACKEND_NAMES)
+
+
+@cpu_and_reference
+@pytest.mark.parametrize(
+    "change, error, param",
+    [
+        (dict(target_local_max_ptr=f32([[-INF]] * 6)), ValueError, "target_local_max_ptr"),
+        (dict(target_local_sumexp_ptr=f32([[-1.0]] * 6)), ValueError, "target_local_sumexp_ptr"),
+        (dict(draft_sampled_ptr=i32([7, 0, -1, 2, 7, 1])), ValueError, "draft_logits_ptr"),  # token 2 of step 2 lies past it
+        (dict(target_logits_ptr=f32([[0.0, 0.0]] * 2)), ValueError, "target_logits_ptr"),  # no row 2
+        (dict(cu_num_logits_ptr=i32([0, 4, 4])), ValueError, "cu_num_logits_ptr"),  # a request without its bonus row
+        (dict(PADDED_VOCAB_NUM_BLOCKS=3), ValueError, "PADDED_VOCAB_NUM_BLOCKS"),
+        (dict(idx_mapping_ptr=i64([1, 2])), ValueError, "idx_mapping_ptr"),
+        (dict(cumulative_log_p_ptr=torch.zeros(5)), ValueError, "cumulative_log_p_ptr"),
+        (dict(draft_logits_ptr=None), ValueError, "HAS_DRAFT_LOGITS"),
+    ],
+)
+def test_invalid_cumulative_log_p(backend, change, error, param):
+    a = cumulative_args(True)
+    a.update(change)
+    _refused(backend, contracts.CUMULATIVE_LOG_P, a, error, param)

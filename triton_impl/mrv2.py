@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_impl.gumbel import max_and_sumexp
+from triton_impl.gumbel import exp32, max_and_sumexp
 
 
 @triton.jit
@@ -149,3 +149,83 @@ def _insert_resampled_kernel(
     _, best = tl.max(maxes, axis=0, return_indices=True, return_indices_tie_break_left=True)
     token = tl.load(resampled_local_argmax_ptr + req_idx * resampled_local_argmax_stride + best)
     tl.store(sampled_ptr + req_idx * sampled_stride + num_sampled, token)
+
+
+@triton.jit
+def _logsumexp(max_ptr, max_stride, sumexp_ptr, sumexp_stride, row, num_blocks):
+    # C29: G = max of the tile maxima; T = float64 sum, in tile order, of sumexp_b * exp32(m_b - G)
+    # (exact products: fusing changes nothing); G + log(T) rounded to float32.
+    g = tl.full((), float("-inf"), tl.float32)
+    for b in range(num_blocks):
+        g = tl.maximum(g, tl.load(max_ptr + row * max_stride + b))
+    total = tl.zeros((), tl.float64)
+    for b in range(num_blocks):
+        m = tl.load(max_ptr + row * max_stride + b)
+        se = tl.load(sumexp_ptr + row * sumexp_stride + b)
+        total += se.to(tl.float64) * exp32(m - g).to(tl.float64)
+    return (g.to(tl.float64) + tl.log(total)).to(tl.float32)
+
+
+@triton.jit
+def _log_probs(token, row, slot, step, temp, target_logits_ptr, target_logits_stride, target_local_max_ptr,
+               target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride, draft_logits_ptr,
+               draft_logits_stride_0, draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
+               draft_local_sumexp_ptr, draft_local_sumexp_stride, num_blocks, HAS_DRAFT_LOGITS: tl.constexpr):
+    # (log p, log q) of a token at a logits row; log q = 0 for one-hot drafts.
+    x = tl.load(target_logits_ptr + row * target_logits_stride + token).to(tl.float32)
+    lp = x - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
+                        target_local_sumexp_stride, row, num_blocks)
+    lq = tl.zeros((), tl.float32)
+    if HAS_DRAFT_LOGITS:
+        y = tl.load(draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1 + token)
+        lq = tl.math.div_rn(y.to(tl.float32), temp) - _logsumexp(
+            draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr, draft_local_sumexp_stride, row,
+            num_blocks)
+    return lp, lq
+
+
+@triton.jit
+def _compute_cumulative_log_p_kernel(
+    cumulative_log_p_ptr,  # [NL] out
+    target_logits_ptr,
+    target_logits_stride,
+    target_local_max_ptr,
+    target_local_max_stride,
+    target_local_sumexp_ptr,
+    target_local_sumexp_stride,
+    draft_sampled_ptr,  # [NL]: row i + 1 holds draft i
+    draft_logits_ptr,
+    draft_logits_stride_0,
+    draft_logits_stride_1,
+    draft_local_max_ptr,
+    draft_local_max_stride,
+    draft_local_sumexp_ptr,
+    draft_local_sumexp_stride,
+    cu_num_logits_ptr,  # [R+1]
+    idx_mapping_ptr,  # [R]
+    temp_ptr,
+    vocab_num_blocks,
+    PADDED_VOCAB_NUM_BLOCKS: tl.constexpr,
+    HAS_DRAFT_LOGITS: tl.constexpr,
+):
+    # Launched as kernel[(R,)]: one request's drafts in order.
+    req_idx = tl.program_id(0).to(tl.int64)
+    slot = tl.load(idx_mapping_ptr + req_idx).to(tl.int64)
+    start = tl.load(cu_num_logits_ptr + req_idx).to(tl.int64)
+    end = tl.load(cu_num_logits_ptr + req_idx + 1).to(tl.int64)
+    temp = tl.load(temp_ptr + slot).to(tl.float32)
+    if temp == 0.0:
+        return
+    log_p = tl.zeros((), tl.float32)
+    for step in range(end - start - 1):
+        row = start + step
+        token = tl.load(draft_sampled_ptr + row + 1).to(tl.int64)
+        if token >= 0:  # a placeholder carries the previous value
+            lp, lq = _log_probs(token, row, slot, step, temp, target_logits_ptr, target_logits_stride,
+                                target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
+                                target_local_sumexp_stride, draft_logits_ptr, draft_logits_stride_0,
+                                draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
+                                draft_local_sumexp_ptr, draft_local_sumexp_stride, vocab_num_blocks,
+                                HAS_DRAFT_LOGITS)
+            log_p = tl.minimum(log_p + (lp - lq), 0.0)  # a NaN gives 0, as tl.minimum does
+        tl.store(cumulative_log_p_ptr + row, log_p)

@@ -42,6 +42,7 @@ _UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 K11 = "_gather_draft_sampled_kernel"
 K12 = "_flatten_sampled_kernel"
 K13 = "_compute_local_logits_stats_kernel"
+K14 = "_compute_cumulative_log_p_kernel"
 K18 = "_insert_resampled_kernel"
 # C29: tile sums are exact sums of terms truncated to multiples of 2^-46; a tile of at most 2^16
 # terms in [0, 1] then fits int64.
@@ -179,20 +180,20 @@ def is_bonus(local_pos: torch.Tensor, n: int) -> torch.Tensor:
     return nxt == 0
 
 
-def _float_cells(k: str, name: str, t: torch.Tensor, starts: torch.Tensor, width: int) -> torch.Tensor:
-    """The float32 values of ``width`` elements from each flat start, after checking they exist,
-    hold no NaN and no +inf (C30)."""
-    if starts.numel() == 0 or width == 0:
-        return torch.zeros((starts.numel(), width), dtype=F32)
+def _float_cells(k: str, name: str, t: torch.Tensor, starts: list[int], width: int) -> torch.Tensor:
+    """The float32 values of ``width`` elements from each flat start (Python ints: a huge stride
+    never wraps), after checking they exist, hold no NaN and no +inf (C30)."""
+    if not starts or width == 0:
+        return torch.zeros((len(starts), width), dtype=F32)
     span = t.numel()
-    lo, hi = int(starts.min()), int(starts.max())
-    require(lo >= 0 and hi + width <= span, k, name,
-            f"must hold {width} elements from flat index {lo if lo < 0 else hi} ({span} elements)")
-    vals = t.reshape(-1)[starts[:, None] + torch.arange(width)[None, :]].to(F32)
+    for at in starts:
+        require(0 <= at <= span - width, k, name, f"must hold {width} elements from flat index {at} ({span} elements)")
+    vals = t.reshape(-1)[torch.tensor(starts, dtype=I64)[:, None] + torch.arange(width)[None, :]].to(F32)
     bad = torch.isnan(vals) | (vals == float("inf"))
     if bool(bad.any()):
+        r, c = (int(x) for x in bad.nonzero()[0])
         raise ValueError(f"{k}: '{name}' must hold finite values or -inf in the cells read (C30); "
-                         f"flat index {int(starts[bad.nonzero()[0][0]]) + int(bad.nonzero()[0][1])} holds {float(vals[bad][0])}")
+                         f"flat index {starts[r] + c} holds {float(vals[r, c])}")
     return vals
 
 
@@ -244,7 +245,7 @@ def _stats_preconditions(a: Mapping[str, Any]) -> None:
         at_least(k, f"{name}_stride", a[f"{name}_stride"], 0)
         _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], rows, a[f"{name}_stride"], nb)
     at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
-    _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], rows * a["target_logits_stride"], v)
+    _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], [i * a["target_logits_stride"] for i in rows.tolist()], v)
     if a["HAS_DRAFT_LOGITS"]:
         steps = a["expanded_local_pos_ptr"][rows].to(I64)
         require(int(steps.min()) >= 0, k, "expanded_local_pos_ptr", "must hold local positions >= 0")
@@ -252,7 +253,8 @@ def _stats_preconditions(a: Mapping[str, Any]) -> None:
         at_least(k, "draft_logits_stride_0", s0, 0)
         at_least(k, "draft_logits_stride_1", s1, 0)
         random = t > 0
-        vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], (slots * s0 + steps * s1)[random], v)
+        starts = [s * s0 + st * s1 for s, st, rand in zip(slots.tolist(), steps.tolist(), random.tolist()) if rand]
+        vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], starts, v)
         scaled = vals / t[random][:, None]
         require(not bool((scaled == float("inf")).any()), k, "draft_logits_ptr",
                 "divided by the temperature must stay below +inf (C30)")
@@ -308,6 +310,126 @@ LOGITS_STATS = KernelSpec(
     rule=_stats_rule,
     doc="MRV2: per row and vocabulary tile, the target (and draft) maximum, argmax for greedy rows, and sum of exponentials",
 )
+
+# -- log-probabilities from tile statistics (K14–K17) ------------------------------------------------
+def _padded_blocks(k: str, a: Mapping[str, Any]) -> int:
+    nb, padded = a["vocab_num_blocks"], a["PADDED_VOCAB_NUM_BLOCKS"]
+    at_least(k, "vocab_num_blocks", nb, 1)
+    power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded)
+    require(padded >= nb, k, "PADDED_VOCAB_NUM_BLOCKS", f"must be at least vocab_num_blocks={nb}")
+    return nb
+
+
+def _need_stats(k: str, a: Mapping[str, Any], side: str, rows: torch.Tensor, nb: int) -> None:
+    """Rows' tile statistics (``side`` target or draft) exist, hold no NaN, sums >= 0 and finite,
+    and each row has a tile above -inf: its log-sum-exp is a number (C30)."""
+    if rows.numel() == 0:
+        return
+    for stat in ("max", "sumexp"):
+        name = f"{side}_local_{stat}"
+        at_least(k, f"{name}_stride", a[f"{name}_stride"], 0)
+        _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], rows, a[f"{name}_stride"], nb)
+    cols = torch.arange(nb)
+    m = a[f"{side}_local_max_ptr"].reshape(-1)[rows[:, None] * a[f"{side}_local_max_stride"] + cols]
+    se = a[f"{side}_local_sumexp_ptr"].reshape(-1)[rows[:, None] * a[f"{side}_local_sumexp_stride"] + cols]
+    require(not bool((m.isnan() | (m == float("inf"))).any()), k, f"{side}_local_max_ptr",
+            "must hold finite maxima or -inf in the rows read (C30)")
+    require(bool(((se >= 0) & torch.isfinite(se)).all()), k, f"{side}_local_sumexp_ptr",
+            "must hold finite sums >= 0 in the rows read (C30)")
+    require(bool((m > float("-inf")).any(1).all()), k, f"{side}_local_max_ptr",
+            "must have a tile above -inf in every row read (a log-sum-exp of nothing is not a number)")
+
+
+# -- K14 -------------------------------------------------------------------------------------------
+def cumulative_steps(a: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
+    """(request, slot, row, draft token) of every step K14 walks: the draft rows of random requests."""
+    cu = a["cu_num_logits_ptr"].to(I64).tolist()
+    slots = a["idx_mapping_ptr"].to(I64).tolist()
+    drafts = a["draft_sampled_ptr"].reshape(-1)
+    out = []
+    for r in range(len(cu) - 1):
+        if float(a["temp_ptr"][slots[r]]) == 0.0:
+            continue
+        for i in range(cu[r], cu[r + 1] - 1):
+            out.append((r, slots[r], i, int(drafts[i + 1])))
+    return out
+
+
+def _cumulative_preconditions(a: Mapping[str, Any]) -> None:
+    k = K14
+    cu_t = a["cu_num_logits_ptr"]
+    require(cu_t.numel() >= 1, k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)")
+    cu = exclusive_offsets(k, "cu_num_logits_ptr", cu_t, cu_t.numel())
+    r = len(cu) - 1
+    for row, n in zip(cu[:-1], cu[1:]):
+        require(n > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
+    require_length(k, "idx_mapping_ptr", a["idx_mapping_ptr"], r)
+    nb = _padded_blocks(k, a)
+    if r == 0:
+        return
+    slots = a["idx_mapping_ptr"][:r].to(I64)
+    temp = a["temp_ptr"]
+    require(int(slots.min()) >= 0 and int(slots.max()) < temp.numel(), k, "idx_mapping_ptr",
+            f"must hold state slots in [0, {temp.numel()}) (temp_ptr's length)")
+    _temperatures(k, {"temp_ptr": temp}, slots)
+    require_length(k, "draft_sampled_ptr", a["draft_sampled_ptr"], cu[-1])
+    require_length(k, "cumulative_log_p_ptr", a["cumulative_log_p_ptr"], cu[-1])
+    steps = [(s, i, d) for _, s, i, d in cumulative_steps(a) if d >= 0]
+    if not steps:
+        return
+    rows = torch.tensor([i for _, i, _ in steps], dtype=I64)
+    _need_stats(k, a, "target", rows, nb)
+    at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
+    stride = a["target_logits_stride"]
+    _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], [i * stride + d for _, i, d in steps], 1)
+    if a["HAS_DRAFT_LOGITS"]:
+        _need_stats(k, a, "draft", rows, nb)
+        s0, s1 = a["draft_logits_stride_0"], a["draft_logits_stride_1"]
+        at_least(k, "draft_logits_stride_0", s0, 0)
+        at_least(k, "draft_logits_stride_1", s1, 0)
+        starts = [s * s0 + (i - cu[r]) * s1 + d for r, s, i, d in cumulative_steps(a) if d >= 0]
+        vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], starts, 1)[:, 0]
+        t = a["temp_ptr"][torch.tensor([s for s, _, _ in steps], dtype=I64)].to(F32)
+        require(not bool((vals / t == float("inf")).any()), k, "draft_logits_ptr",
+                "divided by the temperature must stay below +inf (C30)")
+
+
+def _stats_params(side: str) -> tuple[Any, ...]:
+    return (ptr(f"{side}_local_max_ptr", (F32,), F32, f"[NL, NB] {side} tile maxima (K13)", ndim=(1, 2)),
+            scalar(f"{side}_local_max_stride"),
+            ptr(f"{side}_local_sumexp_ptr", (F32,), F32, f"[NL, NB] {side} tile sums of exponentials (K13)", ndim=(1, 2)),
+            scalar(f"{side}_local_sumexp_stride"))
+
+
+CUMULATIVE_LOG_P = KernelSpec(
+    name=K14,
+    family="mrv2",
+    qualname=f"{_UTILS}.{K14}",
+    params=(
+        ptr("cumulative_log_p_ptr", (F32,), F32, "[NL] out: min(0, running sum of log p - log q) at each draft row",
+            role=Role.OUT),
+        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
+        scalar("target_logits_stride"),
+        *_stats_params("target")[:4],
+        ptr("draft_sampled_ptr", INT, I32, "[NL] row i + 1 holds draft i; -1 is a placeholder"),
+        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
+            optional=True, ndim=(3,)),
+        scalar("draft_logits_stride_0"),
+        scalar("draft_logits_stride_1"),
+        *_stats_params("draft"),
+        ptr("cu_num_logits_ptr", INT, I32, "[R+1] exclusive row offsets"),
+        ptr("idx_mapping_ptr", INT, I64, "[R] the state slot of each request"),
+        ptr("temp_ptr", (F32,), F32, "[max_num_reqs] temperature per slot; 0 is greedy (skipped)"),
+        scalar("vocab_num_blocks", "NB"),
+        constexpr("PADDED_VOCAB_NUM_BLOCKS", "next power of two of NB"),
+        constexpr("HAS_DRAFT_LOGITS", "draft_logits_ptr is a tensor"),
+    ),
+    grid=lambda a: (max(a["cu_num_logits_ptr"].numel() - 1, 0),),
+    preconditions=_cumulative_preconditions,
+    flags=(Flag("HAS_DRAFT_LOGITS", "draft_logits_ptr", lambda x: x is not None, "draft_logits_ptr is a tensor"),),
+    doc="MRV2 block verification: each random request's running min(0, sum of log p(d) - log q(d)) over its drafts",
+)
+
 
 # -- K18 -------------------------------------------------------------------------------------------
 def insert_rows(a: Mapping[str, Any]) -> list[tuple[int, int, bool]]:
@@ -393,4 +515,4 @@ INSERT_RESAMPLED = KernelSpec(
     doc="MRV2: insert each request's resampled (or bonus) token: the winning tile's argmax; count it",
 )
 
-SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, INSERT_RESAMPLED)
+SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, CUMULATIVE_LOG_P, INSERT_RESAMPLED)

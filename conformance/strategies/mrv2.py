@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conformance.kernels import mrv2 as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
-from conformance.strategies.metadata import I64, padding, wide_dtypes
+from conformance.strategies.metadata import I32, I64, padding, wide_dtypes
 
 
 @dataclass(frozen=True)
@@ -305,3 +305,68 @@ def _insert_cases(draw: st.DrawFn) -> Case:
 
 def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def draft_tokens(draw: st.DrawFn, g: torch.Generator, sc: Scene) -> torch.Tensor:
+    """``draft_sampled``: row i + 1 holds draft i, a token below V, or the placeholder -1 at drawn
+    steps (the start, middle or end of a request)."""
+    lay = sc.lay
+    ids = torch.randint(0, sc.vocab, (lay.num_logits,), generator=g)
+    where = draw(st.sampled_from(["none", "none", "start", "middle", "end", "random"]))
+    for start, n in zip(lay.cu[:-1], lay.drafts):
+        if n == 0 or where == "none":
+            continue
+        steps = {"start": [0], "middle": [n // 2], "end": [n - 1],
+                 "random": (torch.rand(n, generator=g) < 0.3).nonzero().flatten().tolist()}[where]
+        for i in steps:
+            ids[start + i + 1] = -1
+        event(f"placeholder drafts: {where}")
+    return ids
+
+
+def computed_stats(sc: Scene, draw: st.DrawFn) -> dict[str, object]:
+    """K13's outputs for the scene, from the oracle: the statistics the later kernels read."""
+    from reference import mrv2 as oracle
+
+    lay = sc.lay
+    out = stats_buffers(sc, draw)
+    oracle._compute_local_logits_stats_kernel(
+        **out, target_logits_ptr=sc.target, target_logits_stride=sc.target.stride(0), **draft_args(sc),
+        expanded_idx_mapping_ptr=torch.tensor(lay.row_slot, dtype=I64),
+        expanded_local_pos_ptr=torch.tensor(lay.row_step, dtype=I32), temp_ptr=sc.temp, vocab_size=sc.vocab,
+        num_logits=lay.num_logits, BLOCK_SIZE=sc.block, HAS_DRAFT_LOGITS=sc.draft is not None)
+    return out
+
+
+@cases_for(contracts.K14)
+def cumulative_cases() -> st.SearchStrategy[Case]:
+    return _cumulative_cases()
+
+
+@st.composite
+def _cumulative_cases(draw: st.DrawFn) -> Case:
+    sc = draw(scenes())
+    lay = sc.lay
+    g = generator(draw(seeds))
+    stats = computed_stats(sc, draw)
+    stats.pop("target_local_argmax_ptr"), stats.pop("target_local_argmax_stride")
+    nb = -(-sc.vocab // sc.block)
+    args = dict(
+        cumulative_log_p_ptr=torch.zeros(lay.num_logits + padding(draw)),
+        target_logits_ptr=sc.target,
+        target_logits_stride=sc.target.stride(0),
+        target_local_max_ptr=stats["target_local_max_ptr"], target_local_max_stride=stats["target_local_max_stride"],
+        target_local_sumexp_ptr=stats["target_local_sumexp_ptr"],
+        target_local_sumexp_stride=stats["target_local_sumexp_stride"],
+        draft_sampled_ptr=draft_tokens(draw, g, sc).to(draw(int_dtypes)),
+        **draft_args(sc),
+        draft_local_max_ptr=stats["draft_local_max_ptr"], draft_local_max_stride=stats["draft_local_max_stride"],
+        draft_local_sumexp_ptr=stats["draft_local_sumexp_ptr"], draft_local_sumexp_stride=stats["draft_local_sumexp_stride"],
+        cu_num_logits_ptr=torch.tensor(lay.cu, dtype=I64).to(draw(int_dtypes)),
+        idx_mapping_ptr=torch.tensor(lay.slots, dtype=I64).to(draw(wide_dtypes)),
+        temp_ptr=sc.temp,
+        vocab_num_blocks=nb,
+        PADDED_VOCAB_NUM_BLOCKS=next_pow2(nb) * draw(st.sampled_from([1, 1, 2])),
+        HAS_DRAFT_LOGITS=sc.draft is not None,
+    )
+    return Case(contracts.K14, args)
