@@ -130,11 +130,11 @@ def _available(spec_name: str, wanted: list[str], asked: set[str]) -> tuple[list
     for b in wanted:
         backend = BACKENDS[b]
         why = backend.unavailable()
-        if why is None and backend.resolve(spec) is None and backend.engine:
-            # A fact about the engine, not a gap of specdiff's (vLLM has no CPU port of MRV2).
-            skipped[b] = {"status": "skipped", "examples": 0, "failures": 0, "mode": backend.mode(),
-                          "message": f"{backend.mode()} has no {spec.name}"}
-        elif why is None and backend.resolve(spec) is None:
+        if why is None and backend.resolve(spec) is None:
+            if backend.engine:  # a fact about the engine, not a gap of specdiff's (no CPU port of MRV2)
+                skipped[b] = {"status": "skipped", "examples": 0, "failures": 0, "mode": backend.mode(),
+                              "message": f"{backend.mode()} has no {spec.name}"}
+                continue
             if b not in BUILT_IN and b not in asked:
                 continue  # a partial backend (one with a base) only answers for its own kernels
             skipped[b] = {"status": "missing", "examples": 0, "failures": 0, "mode": backend.mode(), "message": f"{b} has no {spec.name}"}
@@ -233,8 +233,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     unseen: list[findings_mod.Expected] = []
     if found is not None:
         found.save({"backends": backends})
-        known = findings_mod.expected(ns.expected) if engine_run else []
-        unseen = [e for e in findings_mod.mark_expected(found, known) if e.backend in backends and e.kernel in names and not e.kind.startswith("asan")]
+        listed = findings_mod.expected(ns.expected) if engine_run else []
+        unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in names and not e.kind.startswith("asan")]
         report["vllm"] = engine.named()
         report["findings"] = [f.to_json() for f in found]
         _print_findings(found, unseen)

@@ -27,7 +27,11 @@ constexpr std::int64_t kMaxBlock = 1 << 16;  // C29: a tile's exact sum fits int
 constexpr double kSumScale = 0x1p46;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-constexpr std::int64_t kParallelRows = 16384;
+// `cu_num_logits`: all of it, R + 1 non-decreasing exclusive row offsets.
+std::vector<std::int64_t> request_offsets(const char* k, const Buffer& cu_num_logits) {
+  if (cu_num_logits.numel < 1) fail(k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)");
+  return load_offsets(k, "cu_num_logits_ptr", cu_num_logits, cu_num_logits.numel);
+}
 
 void gather_draft_sampled(Buffer draft_sampled, Buffer pos_out, Buffer input_ids, Buffer positions, Buffer logits_indices,
                           Buffer expanded_idx_mapping, Buffer expanded_local_pos, Buffer prefill_len,
@@ -62,7 +66,7 @@ void gather_draft_sampled(Buffer draft_sampled, Buffer pos_out, Buffer input_ids
       D* out_ids = draft_sampled.as<D>();
       P* out_pos = pos_out.as<P>();
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (num_logits >= kParallelRows) schedule(static)
+#pragma omp parallel for if (num_logits >= kParallelSmallRows) schedule(static)
       for (std::int64_t i = 0; i < num_logits; ++i) {
         const std::int64_t t = token[i], p = position[t];
         // A draft row of a step that starts inside the prefill is a placeholder (-1).
@@ -76,8 +80,7 @@ void gather_draft_sampled(Buffer draft_sampled, Buffer pos_out, Buffer input_ids
 
 void flatten_sampled(Buffer flat_sampled, Strided sampled, std::int64_t sampled_stride, Buffer num_sampled,
                      Buffer cu_num_logits) {
-  if (cu_num_logits.numel < 1) fail(kFlatten, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)");
-  const std::vector<std::int64_t> cu = load_offsets(kFlatten, "cu_num_logits_ptr", cu_num_logits, cu_num_logits.numel);
+  const std::vector<std::int64_t> cu = request_offsets(kFlatten, cu_num_logits);
   const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
   const std::vector<std::int64_t> count = load_ints(kFlatten, "num_sampled_ptr", num_sampled, reqs);
   for (std::int64_t r = 0; r < reqs; ++r)
@@ -103,7 +106,7 @@ void flatten_sampled(Buffer flat_sampled, Strided sampled, std::int64_t sampled_
           need_fits(kFlatten, "sampled_ptr", static_cast<std::int64_t>(src[r * sampled_stride + i]), "flat_sampled_ptr",
                     flat_sampled);
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (reqs >= kParallelRows) schedule(static)
+#pragma omp parallel for if (reqs >= kParallelSmallRows) schedule(static)
       for (std::int64_t r = 0; r < reqs; ++r)
         for (std::int64_t i = 0; i < count[r]; ++i) dst[cu[r] + i] = static_cast<F>(src[r * sampled_stride + i]);
     });
@@ -149,18 +152,29 @@ void need_logits(const char* k, const char* name, const Buffer& b, const std::ve
   }
 }
 
-std::vector<float> temperatures(const char* k, const Buffer& temp, const std::vector<std::int64_t>& slots) {
+// The float32 temperatures at `slots` (read from `slots_name`): every slot inside temp_ptr first,
+// then each temperature 0 or finite and > 0.
+std::vector<float> temperatures(const char* k, const Buffer& temp, const std::vector<std::int64_t>& slots,
+                                const char* slots_name = "expanded_idx_mapping_ptr") {
+  for (const std::int64_t s : slots)
+    if (s < 0 || s >= temp.numel)
+      fail(k, slots_name, "must hold state slots in [0, " + std::to_string(temp.numel) + ") (temp_ptr's length)");
   if (temp.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'temp_ptr' must be float32");
   std::vector<float> t(slots.size());
   for (std::size_t j = 0; j < slots.size(); ++j) {
-    if (slots[j] < 0 || slots[j] >= temp.numel)
-      fail(k, "expanded_idx_mapping_ptr",
-           "must hold state slots in [0, " + std::to_string(temp.numel) + ") (temp_ptr's length)");
     t[j] = temp.as<float>()[slots[j]];
     if (!(t[j] == 0.0f || (t[j] > 0.0f && std::isfinite(t[j]))))
       fail(k, "temp_ptr", "must hold temperatures that are 0 (greedy) or finite and > 0 at the rows' slots");
   }
   return t;
+}
+
+// Flat index of column `column` of draft step `step` of `slot`, or -1 (never an element) when it
+// overflows int64.
+inline std::int64_t draft_offset(std::int64_t slot, std::int64_t stride_0, std::int64_t step, std::int64_t stride_1,
+                                std::int64_t column) {
+  const std::int64_t a = flat_index(slot, stride_0, 0), b = flat_index(step, stride_1, column);
+  return a < 0 || b < 0 || a > std::numeric_limits<std::int64_t>::max() - b ? -1 : a + b;
 }
 
 // C29: the maximum of a tile and the exact sum of exp32(x - max) (0 when nothing is above -inf).
@@ -231,8 +245,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
       if (local[rows[j]] < 0) fail(k, "expanded_local_pos_ptr", "must hold local positions >= 0");
       if (t[j] > 0.0f) {
         draft_index[j] = draft_starts.size();
-        const std::int64_t a = flat_index(slots[j], draft_stride_0, 0), b = flat_index(local[rows[j]], draft_stride_1, 0);
-        draft_starts.push_back(a < 0 || b < 0 || a > std::numeric_limits<std::int64_t>::max() - b ? -1 : a + b);
+        draft_starts.push_back(draft_offset(slots[j], draft_stride_0, local[rows[j]], draft_stride_1, 0));
       }
     }
     with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
@@ -310,13 +323,15 @@ inline float logsumexp(const Stats& s, std::int64_t row, std::int64_t nb) {
 }
 
 // Rows' statistics exist, hold no NaN, finite sums >= 0, and a tile above -inf each (C30).
-void need_stats(const char* k, const char* side_max, const char* side_sumexp, const char* max_stride_name,
-                const char* sumexp_stride_name, const Buffer& mx, std::int64_t mx_stride, const Buffer& se,
+void need_stats(const char* k, const std::string& side, const Buffer& mx, std::int64_t mx_stride, const Buffer& se,
                 std::int64_t se_stride, const std::vector<std::int64_t>& rows, std::int64_t nb) {
   if (rows.empty()) return;
-  need_at_least(k, max_stride_name, mx_stride, 0);
+  const std::string max_name = side + "_local_max_ptr", sumexp_name = side + "_local_sumexp_ptr";
+  const char* side_max = max_name.c_str();
+  const char* side_sumexp = sumexp_name.c_str();
+  need_at_least(k, (side + "_local_max_stride").c_str(), mx_stride, 0);
   need_cells(k, side_max, mx, rows, mx_stride, nb);
-  need_at_least(k, sumexp_stride_name, se_stride, 0);
+  need_at_least(k, (side + "_local_sumexp_stride").c_str(), se_stride, 0);
   need_cells(k, side_sumexp, se, rows, se_stride, nb);
   if (mx.dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + side_max + "' must be float32");
   if (se.dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + side_sumexp + "' must be float32");
@@ -340,8 +355,7 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
                       Buffer d_sumexp, std::int64_t d_sumexp_stride, Buffer cu_num_logits, Buffer idx_mapping, Buffer temp,
                       std::int64_t nb, std::int64_t padded, bool has_draft) {
   const char* k = kCumulative;
-  if (cu_num_logits.numel < 1) fail(k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)");
-  const std::vector<std::int64_t> cu = load_offsets(k, "cu_num_logits_ptr", cu_num_logits, cu_num_logits.numel);
+  const std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
   const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
   for (std::int64_t r = 0; r < reqs; ++r)
     if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
@@ -351,10 +365,7 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
   if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
   if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
   if (reqs == 0) return;
-  for (const std::int64_t s : slots)
-    if (s < 0 || s >= temp.numel)
-      fail(k, "idx_mapping_ptr", "must hold state slots in [0, " + std::to_string(temp.numel) + ") (temp_ptr's length)");
-  const std::vector<float> t = temperatures(k, temp, slots);
+  const std::vector<float> t = temperatures(k, temp, slots, "idx_mapping_ptr");
   need_len(k, "draft_sampled_ptr", draft_sampled, cu.back());
   need_len(k, "cumulative_log_p_ptr", out, cu.back());
   if (out.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
@@ -370,20 +381,17 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
       const std::int64_t at = flat_index(i, target_stride, d);
       target_at.push_back(at);
       if (has_draft) {
-        const std::int64_t a = flat_index(slots[r], draft_stride_0, 0), b = flat_index(i - cu[r], draft_stride_1, d);
-        draft_at.push_back(a < 0 || b < 0 || a > std::numeric_limits<std::int64_t>::max() - b ? -1 : a + b);
+        draft_at.push_back(draft_offset(slots[r], draft_stride_0, i - cu[r], draft_stride_1, d));
       }
     }
   }
   if (!rows.empty()) {
-    need_stats(k, "target_local_max_ptr", "target_local_sumexp_ptr", "target_local_max_stride",
-               "target_local_sumexp_stride", t_max, t_max_stride, t_sumexp, t_sumexp_stride, rows, nb);
+    need_stats(k, "target", t_max, t_max_stride, t_sumexp, t_sumexp_stride, rows, nb);
     need_at_least(k, "target_logits_stride", target_stride, 0);
     with_logits(k, "target_logits_ptr", target.dtype,
                 [&](auto t_) { need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_at, 1); });
     if (has_draft) {
-      need_stats(k, "draft_local_max_ptr", "draft_local_sumexp_ptr", "draft_local_max_stride", "draft_local_sumexp_stride",
-                 d_max, d_max_stride, d_sumexp, d_sumexp_stride, rows, nb);
+      need_stats(k, "draft", d_max, d_max_stride, d_sumexp, d_sumexp_stride, rows, nb);
       need_at_least(k, "draft_logits_stride_0", draft_stride_0, 0);
       need_at_least(k, "draft_logits_stride_1", draft_stride_1, 0);
       with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
@@ -434,8 +442,7 @@ void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sa
                       std::int64_t local_argmax_stride, Buffer local_max, std::int64_t local_max_stride, std::int64_t nb,
                       Buffer cu_num_logits, Buffer expanded_idx_mapping, Buffer temp, std::int64_t padded) {
   const char* k = kInsert;
-  if (cu_num_logits.numel < 1) fail(k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)");
-  const std::vector<std::int64_t> cu = load_offsets(k, "cu_num_logits_ptr", cu_num_logits, cu_num_logits.numel);
+  const std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
   const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
   const std::vector<std::int64_t> count = load_ints(k, "num_sampled_ptr", num_sampled, reqs);
   need_at_least(k, "resample_num_blocks", nb, 1);

@@ -88,12 +88,17 @@ def _explain_gather(a: Mapping[str, Any], output: str, index: int) -> str:
             f"position - local_pos < prefill_len")
 
 
+def _request_offsets(k: str, a: Mapping[str, Any]) -> list[int]:
+    """``cu_num_logits``: all of it, R + 1 non-decreasing exclusive row offsets."""
+    cu_t = a["cu_num_logits_ptr"]
+    require(cu_t.numel() >= 1, k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)")
+    return exclusive_offsets(k, "cu_num_logits_ptr", cu_t, cu_t.numel())
+
+
 # -- K12 -------------------------------------------------------------------------------------------
 def _flatten_preconditions(a: Mapping[str, Any]) -> None:
     k = K12
-    cu_t = a["cu_num_logits_ptr"]
-    require(cu_t.numel() >= 1, k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)")
-    cu = exclusive_offsets(k, "cu_num_logits_ptr", cu_t, cu_t.numel())
+    cu = _request_offsets(k, a)
     r = len(cu) - 1
     require_length(k, "num_sampled_ptr", a["num_sampled_ptr"], r)
     if r == 0:
@@ -197,6 +202,17 @@ def _float_cells(k: str, name: str, t: torch.Tensor, starts: list[int], width: i
     return vals
 
 
+def _need_draft_cells(k: str, a: Mapping[str, Any], places: list[tuple[int, int, int]], t: torch.Tensor, width: int) -> None:
+    """``width`` draft logits from each (slot, step, column) exist, are finite or -inf, and stay
+    below +inf once divided by their temperature ``t`` (C30)."""
+    s0, s1 = a["draft_logits_stride_0"], a["draft_logits_stride_1"]
+    at_least(k, "draft_logits_stride_0", s0, 0)
+    at_least(k, "draft_logits_stride_1", s1, 0)
+    vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], [s * s0 + st * s1 + c for s, st, c in places], width)
+    require(not bool((vals / t[:, None] == float("inf")).any()), k, "draft_logits_ptr",
+            "divided by the temperature must stay below +inf (C30)")
+
+
 def _need_cells(k: str, name: str, t: torch.Tensor, rows: torch.Tensor, stride: int, width: int) -> None:
     if rows.numel() and width:
         last = int(rows.max()) * stride + width
@@ -210,10 +226,11 @@ def _block_preconditions(k: str, a: Mapping[str, Any]) -> None:
     require(a["BLOCK_SIZE"] <= MAX_BLOCK, k, "BLOCK_SIZE", f"must be at most {MAX_BLOCK} (C29: exact tile sums)")
 
 
-def _temperatures(k: str, a: Mapping[str, Any], slots: torch.Tensor) -> torch.Tensor:
+def _temperatures(k: str, a: Mapping[str, Any], slots: torch.Tensor, slots_name: str = "expanded_idx_mapping_ptr") -> torch.Tensor:
+    """The float32 temperatures at ``slots`` (read from ``slots_name``), each 0 or finite and > 0."""
     temp = a["temp_ptr"]
     if slots.numel():
-        require(int(slots.min()) >= 0 and int(slots.max()) < temp.numel(), k, "expanded_idx_mapping_ptr",
+        require(int(slots.min()) >= 0 and int(slots.max()) < temp.numel(), k, slots_name,
                 f"must hold state slots in [0, {temp.numel()}) (temp_ptr's length)")
     t = temp[slots].to(F32) if slots.numel() else torch.zeros(0, dtype=F32)
     require(bool(((t == 0) | ((t > 0) & torch.isfinite(t))).all()), k, "temp_ptr",
@@ -249,15 +266,9 @@ def _stats_preconditions(a: Mapping[str, Any]) -> None:
     if a["HAS_DRAFT_LOGITS"]:
         steps = a["expanded_local_pos_ptr"][rows].to(I64)
         require(int(steps.min()) >= 0, k, "expanded_local_pos_ptr", "must hold local positions >= 0")
-        s0, s1 = a["draft_logits_stride_0"], a["draft_logits_stride_1"]
-        at_least(k, "draft_logits_stride_0", s0, 0)
-        at_least(k, "draft_logits_stride_1", s1, 0)
         random = t > 0
-        starts = [s * s0 + st * s1 for s, st, rand in zip(slots.tolist(), steps.tolist(), random.tolist()) if rand]
-        vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], starts, v)
-        scaled = vals / t[random][:, None]
-        require(not bool((scaled == float("inf")).any()), k, "draft_logits_ptr",
-                "divided by the temperature must stay below +inf (C30)")
+        places = [(s, st, 0) for s, st, rand in zip(slots.tolist(), steps.tolist(), random.tolist()) if rand]
+        _need_draft_cells(k, a, places, t[random], v)
 
 
 def _explain_stats(a: Mapping[str, Any], output: str, index: int) -> str:
@@ -357,9 +368,7 @@ def cumulative_steps(a: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
 
 def _cumulative_preconditions(a: Mapping[str, Any]) -> None:
     k = K14
-    cu_t = a["cu_num_logits_ptr"]
-    require(cu_t.numel() >= 1, k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)")
-    cu = exclusive_offsets(k, "cu_num_logits_ptr", cu_t, cu_t.numel())
+    cu = _request_offsets(k, a)
     r = len(cu) - 1
     for row, n in zip(cu[:-1], cu[1:]):
         require(n > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
@@ -367,11 +376,7 @@ def _cumulative_preconditions(a: Mapping[str, Any]) -> None:
     nb = _padded_blocks(k, a)
     if r == 0:
         return
-    slots = a["idx_mapping_ptr"][:r].to(I64)
-    temp = a["temp_ptr"]
-    require(int(slots.min()) >= 0 and int(slots.max()) < temp.numel(), k, "idx_mapping_ptr",
-            f"must hold state slots in [0, {temp.numel()}) (temp_ptr's length)")
-    _temperatures(k, {"temp_ptr": temp}, slots)
+    _temperatures(k, a, a["idx_mapping_ptr"][:r].to(I64), "idx_mapping_ptr")
     require_length(k, "draft_sampled_ptr", a["draft_sampled_ptr"], cu[-1])
     require_length(k, "cumulative_log_p_ptr", a["cumulative_log_p_ptr"], cu[-1])
     steps = [(s, i, d) for _, s, i, d in cumulative_steps(a) if d >= 0]
@@ -384,14 +389,9 @@ def _cumulative_preconditions(a: Mapping[str, Any]) -> None:
     _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], [i * stride + d for _, i, d in steps], 1)
     if a["HAS_DRAFT_LOGITS"]:
         _need_stats(k, a, "draft", rows, nb)
-        s0, s1 = a["draft_logits_stride_0"], a["draft_logits_stride_1"]
-        at_least(k, "draft_logits_stride_0", s0, 0)
-        at_least(k, "draft_logits_stride_1", s1, 0)
-        starts = [s * s0 + (i - cu[r]) * s1 + d for r, s, i, d in cumulative_steps(a) if d >= 0]
-        vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], starts, 1)[:, 0]
-        t = a["temp_ptr"][torch.tensor([s for s, _, _ in steps], dtype=I64)].to(F32)
-        require(not bool((vals / t == float("inf")).any()), k, "draft_logits_ptr",
-                "divided by the temperature must stay below +inf (C30)")
+        places = [(s, i - cu[r], d) for r, s, i, d in cumulative_steps(a) if d >= 0]
+        t = a["temp_ptr"][torch.tensor([s for s, _, _ in places], dtype=I64)].to(F32)
+        _need_draft_cells(k, a, places, t, 1)
 
 
 def _stats_params(side: str) -> tuple[Any, ...]:
@@ -448,9 +448,7 @@ def insert_rows(a: Mapping[str, Any]) -> list[tuple[int, int, bool]]:
 
 def _insert_preconditions(a: Mapping[str, Any]) -> None:
     k = K18
-    cu_t = a["cu_num_logits_ptr"]
-    require(cu_t.numel() >= 1, k, "cu_num_logits_ptr", "must hold at least one element (num_reqs + 1)")
-    cu = exclusive_offsets(k, "cu_num_logits_ptr", cu_t, cu_t.numel())
+    cu = _request_offsets(k, a)
     r = len(cu) - 1
     require_length(k, "num_sampled_ptr", a["num_sampled_ptr"], r)
     nb, padded = a["resample_num_blocks"], a["PADDED_RESAMPLE_NUM_BLOCKS"]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conformance.kernels import mrv2 as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
-from conformance.strategies.metadata import I32, I64, padding, wide_dtypes
+from conformance.strategies.metadata import I32, I64, next_power_of_2, padding, wide_dtypes
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _insert_cases(draw: st.DrawFn) -> Case:
     temps[torch.rand(lay.max_reqs, generator=g) < draw(st.sampled_from([0.0, 0.5, 1.0]))] = 0.0
     counts = [draw(st.sampled_from([0, n, int(torch.randint(0, n + 1, (1,), generator=g))])) for n in lay.drafts]
     nb = draw(st.sampled_from([1, 2, 3, 149]))  # 149 = cdiv(151936, 1024)
-    padded = next_pow2(nb) * draw(st.sampled_from([1, 1, 2]))
+    padded = next_power_of_2(nb) * draw(st.sampled_from([1, 1, 2]))
     maxes = torch.randn((max(r, 1), nb + draw(st.sampled_from([0, 2]))), generator=g, dtype=torch.float64)
     style = draw(st.sampled_from(["plain", "ties", "nan", "-inf"]))
     if style == "ties":
@@ -301,10 +301,6 @@ def _insert_cases(draw: st.DrawFn) -> Case:
         PADDED_RESAMPLE_NUM_BLOCKS=padded,
     )
     return Case(contracts.K18, args)
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def draft_tokens(draw: st.DrawFn, g: torch.Generator, sc: Scene) -> torch.Tensor:
@@ -366,7 +362,7 @@ def _cumulative_cases(draw: st.DrawFn) -> Case:
         idx_mapping_ptr=torch.tensor(lay.slots, dtype=I64).to(draw(wide_dtypes)),
         temp_ptr=sc.temp,
         vocab_num_blocks=nb,
-        PADDED_VOCAB_NUM_BLOCKS=next_pow2(nb) * draw(st.sampled_from([1, 1, 2])),
+        PADDED_VOCAB_NUM_BLOCKS=next_power_of_2(nb) * draw(st.sampled_from([1, 1, 2])),
         HAS_DRAFT_LOGITS=sc.draft is not None,
     )
     return Case(contracts.K14, args)
