@@ -23,6 +23,7 @@ constexpr const char* kFlatten = "_flatten_sampled_kernel";
 constexpr const char* kStats = "_compute_local_logits_stats_kernel";
 constexpr const char* kInsert = "_insert_resampled_kernel";
 constexpr const char* kCumulative = "_compute_cumulative_log_p_kernel";
+constexpr const char* kResidual = "_compute_local_residual_mass_kernel";
 constexpr std::int64_t kMaxBlock = 1 << 16;  // C29: a tile's exact sum fits int64
 constexpr double kSumScale = 0x1p46;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -437,6 +438,127 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
   });
 }
 
+// Each row's logits read (`values(j, c)`, the draft's already divided by its temperature) lie at or
+// below the row's C29 log-sum-exp: K13's statistics of these logits guarantee it, and every
+// probability formed from them then lies in [0, 1].
+template <class V>
+void need_log_probs(const char* k, const std::string& side, const Stats& s, const std::vector<std::int64_t>& rows,
+                    std::int64_t nb, std::int64_t width, V&& values) {
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    const float lse = logsumexp(s, rows[j], nb);
+    for (std::int64_t c = 0; c < width; ++c)
+      if (values(j, c) > lse)
+        fail(k, (side + "_local_max_ptr").c_str(),
+             "and '" + side + "_local_sumexp_ptr' must be the statistics of the " + side + " logits read: row " +
+                 std::to_string(rows[j]) + "'s log-sum-exp lies below one of its logits");
+  }
+}
+
+// The tiling of a vocabulary-wide kernel: `nb` tiles of `block` over `vocab`.
+void need_vocab_blocks(const char* k, std::int64_t vocab, std::int64_t block, std::int64_t nb, std::int64_t padded) {
+  need_at_least(k, "vocab_size", vocab, 1);
+  need_power_of_two(k, "BLOCK_SIZE", block);
+  if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
+  need_at_least(k, "vocab_num_blocks", nb, 1);
+  need_power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded);
+  if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
+  const std::int64_t tiles = vocab / block + (vocab % block != 0);
+  if (nb != tiles) fail(k, "vocab_num_blocks", "must be cdiv(vocab_size, BLOCK_SIZE) = " + std::to_string(tiles));
+}
+
+// -- K15 ---------------------------------------------------------------------------------------------
+void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative, Buffer target, std::int64_t target_stride,
+                         Buffer t_max, std::int64_t t_max_stride, Buffer t_sumexp, std::int64_t t_sumexp_stride,
+                         Buffer draft, std::int64_t draft_stride_0, std::int64_t draft_stride_1, Buffer d_max,
+                         std::int64_t d_max_stride, Buffer d_sumexp, std::int64_t d_sumexp_stride, Buffer draft_sampled,
+                         Buffer expanded_idx_mapping, Buffer expanded_local_pos, Buffer temp, std::int64_t vocab,
+                         std::int64_t num_logits, std::int64_t nb, std::int64_t block, std::int64_t padded) {
+  const char* k = kResidual;
+  need_at_least(k, "num_logits", num_logits, 0);
+  need_vocab_blocks(k, vocab, block, nb, padded);
+  const std::vector<std::int64_t> slot_of = load_ints(k, "expanded_idx_mapping_ptr", expanded_idx_mapping, num_logits);
+  const std::vector<std::int64_t> local = load_ints(k, "expanded_local_pos_ptr", expanded_local_pos, num_logits);
+  const std::vector<std::int64_t> tokens = load_ints(k, "draft_sampled_ptr", draft_sampled, num_logits);
+  if (num_logits == 0) return;
+  for (const std::int64_t l : local)
+    if (l < 0) fail(k, "expanded_local_pos_ptr", "must hold local positions >= 0");
+  // Block verification looks one step ahead: a request's first and bonus rows need no residual
+  // mass, nor a row whose own draft is a placeholder; greedy rows are skipped too.
+  std::vector<std::int64_t> candidates, slots;
+  for (const std::int64_t i : non_bonus_rows(local, num_logits))
+    if (local[i] != 0 && tokens[i + 1] >= 0) {
+      candidates.push_back(i);
+      slots.push_back(slot_of[i]);
+    }
+  const std::vector<float> all_t = temperatures(k, temp, slots);
+  std::vector<std::int64_t> rows, row_slot, target_at, draft_at;
+  std::vector<float> t;
+  for (std::size_t j = 0; j < candidates.size(); ++j)
+    if (all_t[j] != 0.0f) {
+      rows.push_back(candidates[j]);
+      row_slot.push_back(slots[j]);
+      t.push_back(all_t[j]);
+    }
+  if (rows.empty()) return;
+  need_at_least(k, "local_residual_mass_stride", out_stride, 0);
+  need_cells(k, "local_residual_mass_ptr", out, rows, out_stride, nb);
+  if (out.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'local_residual_mass_ptr' must be float32");
+  need_len(k, "cumulative_log_p_ptr", cumulative, rows.back());
+  if (cumulative.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+  for (const std::int64_t i : rows)
+    if (!(cumulative.as<float>()[i - 1] <= 0.0f))
+      fail(k, "cumulative_log_p_ptr",
+           "must hold log-ratios <= 0 (K14's running min(., 0)), no NaN, at the rows before those read");
+  need_stats(k, "target", t_max, t_max_stride, t_sumexp, t_sumexp_stride, rows, nb);
+  need_stats(k, "draft", d_max, d_max_stride, d_sumexp, d_sumexp_stride, rows, nb);
+  need_at_least(k, "target_logits_stride", target_stride, 0);
+  for (const std::int64_t i : rows) target_at.push_back(flat_index(i, target_stride, 0));
+  need_at_least(k, "draft_logits_stride_0", draft_stride_0, 0);
+  need_at_least(k, "draft_logits_stride_1", draft_stride_1, 0);
+  for (std::size_t j = 0; j < rows.size(); ++j)
+    draft_at.push_back(draft_offset(row_slot[j], draft_stride_0, local[rows[j]], draft_stride_1, 0));
+  const Stats ts{t_max.as<float>(), t_max_stride, t_sumexp.as<float>(), t_sumexp_stride};
+  const Stats ds{d_max.as<float>(), d_max_stride, d_sumexp.as<float>(), d_sumexp_stride};
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+    using T = decltype(t_);
+    need_logits<T>(k, "target_logits_ptr", target, target_at, vocab);
+    with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+      using D = decltype(d_);
+      need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
+      const auto scaled = [&](std::size_t j, std::int64_t c) { return to_float(draft.as<D>()[draft_at[j] + c]) / t[j]; };
+      for (std::size_t j = 0; j < rows.size(); ++j)
+        for (std::int64_t c = 0; c < vocab; ++c)
+          if (scaled(j, c) == std::numeric_limits<float>::infinity())
+            fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+      need_log_probs(k, "target", ts, rows, nb, vocab,
+                     [&](std::size_t j, std::int64_t c) { return to_float(target.as<T>()[target_at[j] + c]); });
+      need_log_probs(k, "draft", ds, rows, nb, vocab, scaled);
+      const std::int64_t cells = static_cast<std::int64_t>(rows.size()) * nb;
+      float* mass = out.as<float>();
+      const float* prefix = cumulative.as<float>();
+      py::gil_scoped_release nogil;
+#pragma omp parallel for if (cells * block >= (1 << 16)) schedule(static)
+      for (std::int64_t c = 0; c < cells; ++c) {
+        const std::size_t j = static_cast<std::size_t>(c / nb);
+        const std::int64_t b = c % nb, i = rows[j], lo = b * block, n = std::min(block, vocab - lo);
+        const float lse_t = logsumexp(ts, i, nb), lse_d = logsumexp(ds, i, nb);
+        // p_prev: the joint ratio before this step. Each term is one rounding (C29), in [0, 1].
+        const float p_prev = gumbel::exp32(prefix[i - 1]);
+        const T* x = target.as<T>() + target_at[j] + lo;
+        const D* y = draft.as<D>() + draft_at[j] + lo;
+        std::int64_t fixed = 0;
+        for (std::int64_t q = 0; q < n; ++q) {
+          const float m_b = gumbel::exp32(to_float(x[q]) - lse_t);
+          const float m_s = gumbel::exp32(to_float(y[q]) / t[j] - lse_d);
+          const float term = std::max(std::fmaf(p_prev, m_b, -m_s), 0.0f);
+          fixed += static_cast<std::int64_t>(static_cast<double>(term) * kSumScale);
+        }
+        mass[i * out_stride + b] = static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale));
+      }
+    });
+  });
+}
+
 // -- K18 ---------------------------------------------------------------------------------------------
 void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sampled, Buffer local_argmax,
                       std::int64_t local_argmax_stride, Buffer local_max, std::int64_t local_max_stride, std::int64_t nb,
@@ -517,6 +639,7 @@ void register_mrv2(py::module_& m) {
   def_kernel<&logits_stats>(m, "_compute_local_logits_stats");
   def_kernel<&insert_resampled>(m, "_insert_resampled");
   def_kernel<&cumulative_log_p>(m, "_compute_cumulative_log_p");
+  def_kernel<&local_residual_mass>(m, "_compute_local_residual_mass");
 }
 
 }  // namespace specdiff

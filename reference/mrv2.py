@@ -148,22 +148,16 @@ def _insert_resampled_kernel(
         num_sampled_ptr[r] = k + 1
 
 
-def _lse(a: dict, side: str, row: int, nb: int) -> torch.Tensor:
-    m = a[f"{side}_local_max_ptr"].reshape(-1)[row * a[f"{side}_local_max_stride"] :][:nb]
-    se = a[f"{side}_local_sumexp_ptr"].reshape(-1)[row * a[f"{side}_local_sumexp_stride"] :][:nb]
-    return gumbel.logsumexp(m, se)
-
-
 def _log_probs(a: dict, row: int, slot: int, step: int, token: int, t: torch.Tensor, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p, log q) of ``token`` at logits row ``row`` (draft step ``step`` of ``slot``): the
     logit minus the row's C29 log-sum-exp; log q = 0 for one-hot drafts."""
     x = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32)
-    lp = x - _lse(a, "target", row, nb)
+    lp = x - contracts.row_logsumexp(a, "target", row, nb)
     if a["draft_logits_ptr"] is None:
         return lp, torch.zeros((), dtype=F32)
     at = slot * a["draft_logits_stride_0"] + step * a["draft_logits_stride_1"] + token
     y = a["draft_logits_ptr"].reshape(-1)[at].to(F32) / t
-    return lp, y - _lse(a, "draft", row, nb)
+    return lp, y - contracts.row_logsumexp(a, "draft", row, nb)
 
 
 def _compute_cumulative_log_p_kernel(
@@ -201,3 +195,50 @@ def _compute_cumulative_log_p_kernel(
             # min(0, .) as Triton's tl.minimum: a NaN (log p = log q = -inf) gives 0.
             log_p = torch.fmin(log_p + (lp - lq), torch.zeros((), dtype=F32))
         cumulative_log_p_ptr[i] = log_p
+
+
+def _compute_local_residual_mass_kernel(
+    local_residual_mass_ptr: torch.Tensor,
+    local_residual_mass_stride: int,
+    cumulative_log_p_ptr: torch.Tensor,
+    target_logits_ptr: torch.Tensor,
+    target_logits_stride: int,
+    target_local_max_ptr: torch.Tensor,
+    target_local_max_stride: int,
+    target_local_sumexp_ptr: torch.Tensor,
+    target_local_sumexp_stride: int,
+    draft_logits_ptr: torch.Tensor,
+    draft_logits_stride_0: int,
+    draft_logits_stride_1: int,
+    draft_local_max_ptr: torch.Tensor,
+    draft_local_max_stride: int,
+    draft_local_sumexp_ptr: torch.Tensor,
+    draft_local_sumexp_stride: int,
+    draft_sampled_ptr: torch.Tensor,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    expanded_local_pos_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    vocab_size: int,
+    num_logits: int,
+    vocab_num_blocks: int,
+    BLOCK_SIZE: int,
+    PADDED_VOCAB_NUM_BLOCKS: int,
+) -> None:
+    a = locals()
+    contracts.LOCAL_RESIDUAL_MASS.check(a)
+    v, nb = vocab_size, vocab_num_blocks
+    out = local_residual_mass_ptr.view(-1)
+    for i in contracts.residual_rows(a):
+        s, step = int(expanded_idx_mapping_ptr[i]), int(expanded_local_pos_ptr[i])
+        t = temp_ptr[s].to(F32)
+        # The mass the block-verification residual keeps at this step: sum over x of
+        # max(p_prev * p(x) - q(x), 0), p_prev the joint ratio before this step.
+        p_prev = gumbel.exp32(cumulative_log_p_ptr[i - 1])
+        m_b = gumbel.exp32(_tiles(target_logits_ptr.reshape(-1)[i * target_logits_stride :], v, BLOCK_SIZE)
+                           - contracts.row_logsumexp(a, "target", i, nb))
+        at = s * draft_logits_stride_0 + step * draft_logits_stride_1
+        d = _tiles(draft_logits_ptr.reshape(-1)[at:], v, BLOCK_SIZE) / t
+        m_s = gumbel.exp32(d - contracts.row_logsumexp(a, "draft", i, nb))
+        terms = torch.clamp_min(gumbel.fma32(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
+        at = i * local_residual_mass_stride
+        out[at : at + nb] = gumbel.exact_sum(terms)

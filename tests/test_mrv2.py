@@ -383,3 +383,69 @@ def test_invalid_cumulative_log_p(backend, change, error, param):
     a = cumulative_args(True)
     a.update(change)
     _refused(backend, contracts.CUMULATIVE_LOG_P, a, error, param)
+
+
+# -- K15 _compute_local_residual_mass_kernel -----------------------------------------------------------
+def residual_args(block: int) -> dict[str, Any]:
+    # Request 0: slot 1 (temperature 2), drafts [0, 1, -1] on rows 0..3; request 1: slot 0, greedy,
+    # rows 4..6. Only row 1 has a residual mass: row 0 is a first step, row 2's draft is a
+    # placeholder, row 3 a bonus row, request 1 greedy. Row 1's target is [1, 0], its draft [0, 0].
+    nb = 2 // block
+    target = f32([[0.0, 0.0], [1.0, 0.0]] + [[0.0, 0.0]] * 5)
+    tiles = {"max": [1.0, 0.0] if block == 1 else [1.0], "sumexp": [1.0, 1.0] if block == 1 else [1 + E1]}
+    flat = {"max": [0.0] * nb, "sumexp": [1.0, 1.0] if block == 1 else [2.0]}
+    args: dict[str, Any] = dict(
+        local_residual_mass_ptr=torch.full((7, nb), float("nan")), local_residual_mass_stride=nb,
+        cumulative_log_p_ptr=f32([0.0] * 7), target_logits_ptr=target, target_logits_stride=2,
+        draft_logits_ptr=torch.zeros((2, 3, 2)), draft_logits_stride_0=6, draft_logits_stride_1=2,
+        draft_sampled_ptr=i32([9, 0, 1, -1, 9, 0, 1]), expanded_idx_mapping_ptr=i64([1, 1, 1, 1, 0, 0, 0]),
+        expanded_local_pos_ptr=i32([0, 1, 2, 3, 0, 1, 2]), temp_ptr=f32([0.0, 2.0]), vocab_size=2, num_logits=7,
+        vocab_num_blocks=nb, BLOCK_SIZE=block, PADDED_VOCAB_NUM_BLOCKS=nb)
+    for stat in ("max", "sumexp"):
+        args[f"target_local_{stat}_ptr"] = f32([flat[stat], tiles[stat]] + [flat[stat]] * 5)
+        args[f"draft_local_{stat}_ptr"] = f32([flat[stat]] * 7)
+        args[f"target_local_{stat}_stride"] = args[f"draft_local_{stat}_stride"] = nb
+    return args
+
+
+@backends
+@pytest.mark.parametrize("block", [2, 1], ids=["one-tile", "two-tiles"])
+def test_golden_local_residual_mass(backend, block):
+    a = residual_args(block)
+    launch(backend, contracts.LOCAL_RESIDUAL_MASS, a)
+    # p(0) = exp32(1 - LSE), LSE = 1 + log(T) (T: the one float32 tile sum, or the float64 sum of
+    # two tiles); q = 1/2 each; p_prev = exp(0) = 1: the mass is p(0) - 1/2 (exact), token 1's term
+    # is below 0.
+    lse = f32v(1.0 + math.log(f32v(1.0 + E1) if block == 2 else 1.0 + E1))
+    mass = f32v(f32v(math.exp(f32v(1.0 - lse))) - 0.5)
+    got = cells(a["local_residual_mass_ptr"])
+    if backend == "vllm":  # float32 exp, log and sums: the C29 departure
+        assert got[1][0] == pytest.approx(mass, rel=1e-5)
+        got[1][0] = mass
+    assert got == [[N] * (2 // block), [mass] + [0.0] * (2 // block - 1)] + [[N] * (2 // block)] * 5
+
+
+@given(case=cases(contracts.K15))
+def test_conformance_local_residual_mass(case):
+    run_case(case, BACKEND_NAMES)
+
+
+@cpu_and_reference
+@pytest.mark.parametrize(
+    "change, error, param",
+    [
+        (dict(vocab_num_blocks=2, PADDED_VOCAB_NUM_BLOCKS=2), ValueError, "vocab_num_blocks"),  # not cdiv(2, 2)
+        (dict(cumulative_log_p_ptr=f32([0.5] * 7)), ValueError, "cumulative_log_p_ptr"),  # a ratio above 1
+        (dict(cumulative_log_p_ptr=f32([float("nan")] * 7)), ValueError, "cumulative_log_p_ptr"),
+        (dict(target_local_sumexp_ptr=f32([[0.5]] * 7)), ValueError, "target_local_max_ptr"),  # LSE below the logit
+        (dict(draft_logits_ptr=torch.full((2, 3, 2), 3.0)), ValueError, "draft_local_max_ptr"),  # not the draft's stats
+        (dict(temp_ptr=f32([0.0, -1.0])), ValueError, "temp_ptr"),
+        (dict(local_residual_mass_ptr=torch.zeros((1, 1))), ValueError, "local_residual_mass_ptr"),
+        (dict(draft_logits_ptr=torch.zeros((1, 3, 2))), ValueError, "draft_logits_ptr"),  # slot 1 lies past it
+        (dict(BLOCK_SIZE=1 << 17), ValueError, "BLOCK_SIZE"),
+    ],
+)
+def test_invalid_local_residual_mass(backend, change, error, param):
+    a = residual_args(2)
+    a.update(change)
+    _refused(backend, contracts.LOCAL_RESIDUAL_MASS, a, error, param)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_impl.gumbel import exp32, max_and_sumexp
+from triton_impl.gumbel import exact_sum, exp32, max_and_sumexp
 
 
 @triton.jit
@@ -229,3 +229,59 @@ def _compute_cumulative_log_p_kernel(
                                 HAS_DRAFT_LOGITS)
             log_p = tl.minimum(log_p + (lp - lq), 0.0)  # a NaN gives 0, as tl.minimum does
         tl.store(cumulative_log_p_ptr + row, log_p)
+
+
+@triton.jit
+def _compute_local_residual_mass_kernel(
+    local_residual_mass_ptr,  # [NL, NB] out
+    local_residual_mass_stride,
+    cumulative_log_p_ptr,  # [NL] K14's output
+    target_logits_ptr,
+    target_logits_stride,
+    target_local_max_ptr,
+    target_local_max_stride,
+    target_local_sumexp_ptr,
+    target_local_sumexp_stride,
+    draft_logits_ptr,  # [max_num_reqs, K, V_d] pre-temperature
+    draft_logits_stride_0,
+    draft_logits_stride_1,
+    draft_local_max_ptr,
+    draft_local_max_stride,
+    draft_local_sumexp_ptr,
+    draft_local_sumexp_stride,
+    draft_sampled_ptr,  # [NL]: row i + 1 holds draft i
+    expanded_idx_mapping_ptr,
+    expanded_local_pos_ptr,
+    temp_ptr,
+    vocab_size,
+    num_logits,
+    vocab_num_blocks,
+    BLOCK_SIZE: tl.constexpr,
+    PADDED_VOCAB_NUM_BLOCKS: tl.constexpr,
+):
+    # Launched as kernel[(NL, NB)]. Block verification looks one step ahead: the first and the
+    # bonus row of a request need no residual mass, nor a row whose draft is a placeholder.
+    logit_idx = tl.program_id(0).to(tl.int64)
+    step = tl.load(expanded_local_pos_ptr + logit_idx).to(tl.int64)
+    if step == 0 or _is_bonus_logit(expanded_local_pos_ptr, logit_idx, num_logits):
+        return
+    if tl.load(draft_sampled_ptr + logit_idx + 1) < 0:
+        return
+    slot = tl.load(expanded_idx_mapping_ptr + logit_idx).to(tl.int64)
+    temp = tl.load(temp_ptr + slot).to(tl.float32)
+    if temp == 0.0:
+        return
+    block_idx = tl.program_id(1).to(tl.int64)
+    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < vocab_size
+    x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
+    m_b = exp32(x.to(tl.float32) - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
+                                              target_local_sumexp_stride, logit_idx, vocab_num_blocks))
+    row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
+    y = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    m_s = exp32(tl.math.div_rn(y, temp) - _logsumexp(draft_local_max_ptr, draft_local_max_stride,
+                                                     draft_local_sumexp_ptr, draft_local_sumexp_stride, logit_idx,
+                                                     vocab_num_blocks))
+    p_prev = exp32(tl.load(cumulative_log_p_ptr + logit_idx - 1))
+    terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
+    tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx, exact_sum(terms))

@@ -34,6 +34,7 @@ from conformance.contract import (
     scalar,
 )
 from conformance.kernels._checks import exclusive_offsets, flat_view, holds, item, span
+from reference.gumbel import logsumexp
 
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 LOGITS = (torch.float32, torch.bfloat16, torch.float16)
@@ -43,6 +44,7 @@ K11 = "_gather_draft_sampled_kernel"
 K12 = "_flatten_sampled_kernel"
 K13 = "_compute_local_logits_stats_kernel"
 K14 = "_compute_cumulative_log_p_kernel"
+K15 = "_compute_local_residual_mass_kernel"
 K18 = "_insert_resampled_kernel"
 # C29: tile sums are exact sums of terms truncated to multiples of 2^-46; a tile of at most 2^16
 # terms in [0, 1] then fits int64.
@@ -202,15 +204,18 @@ def _float_cells(k: str, name: str, t: torch.Tensor, starts: list[int], width: i
     return vals
 
 
-def _need_draft_cells(k: str, a: Mapping[str, Any], places: list[tuple[int, int, int]], t: torch.Tensor, width: int) -> None:
+def _need_draft_cells(k: str, a: Mapping[str, Any], places: list[tuple[int, int, int]], t: torch.Tensor,
+                      width: int) -> torch.Tensor:
     """``width`` draft logits from each (slot, step, column) exist, are finite or -inf, and stay
-    below +inf once divided by their temperature ``t`` (C30)."""
+    below +inf once divided by their temperature ``t`` (C30); returns them divided."""
     s0, s1 = a["draft_logits_stride_0"], a["draft_logits_stride_1"]
     at_least(k, "draft_logits_stride_0", s0, 0)
     at_least(k, "draft_logits_stride_1", s1, 0)
     vals = _float_cells(k, "draft_logits_ptr", a["draft_logits_ptr"], [s * s0 + st * s1 + c for s, st, c in places], width)
-    require(not bool((vals / t[:, None] == float("inf")).any()), k, "draft_logits_ptr",
+    scaled = vals / t[:, None]  # float32, rounded once: div_rn
+    require(not bool((scaled == float("inf")).any()), k, "draft_logits_ptr",
             "divided by the temperature must stay below +inf (C30)")
+    return scaled
 
 
 def _need_cells(k: str, name: str, t: torch.Tensor, rows: torch.Tensor, stride: int, width: int) -> None:
@@ -351,6 +356,25 @@ def _need_stats(k: str, a: Mapping[str, Any], side: str, rows: torch.Tensor, nb:
             "must have a tile above -inf in every row read (a log-sum-exp of nothing is not a number)")
 
 
+def row_logsumexp(a: Mapping[str, Any], side: str, row: int, nb: int) -> torch.Tensor:
+    """The C29 log-sum-exp of logits row ``row`` from its ``side`` (target or draft) tile statistics."""
+    m = a[f"{side}_local_max_ptr"].reshape(-1)[row * a[f"{side}_local_max_stride"] :][:nb]
+    se = a[f"{side}_local_sumexp_ptr"].reshape(-1)[row * a[f"{side}_local_sumexp_stride"] :][:nb]
+    return logsumexp(m, se)
+
+
+def _need_log_probs(k: str, a: Mapping[str, Any], side: str, rows: list[int], vals: torch.Tensor, nb: int) -> None:
+    """Each row's logits read (``vals``, one row each, already divided by the temperature for the
+    draft) lie at or below the row's log-sum-exp: statistics of these logits (K13's) guarantee it,
+    and every probability the kernel forms then lies in [0, 1]."""
+    for j, row in enumerate(rows):
+        lse = row_logsumexp(a, side, row, nb)
+        if bool((vals[j] > lse).any()):
+            raise ValueError(f"{k}: '{side}_local_max_ptr' and '{side}_local_sumexp_ptr' must be the statistics of the "
+                             f"{side} logits read: row {row}'s log-sum-exp {float(lse)} lies below its logit "
+                             f"{float(vals[j].max())}")
+
+
 # -- K14 -------------------------------------------------------------------------------------------
 def cumulative_steps(a: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
     """(request, slot, row, draft token) of every step K14 walks: the draft rows of random requests."""
@@ -428,6 +452,95 @@ CUMULATIVE_LOG_P = KernelSpec(
     preconditions=_cumulative_preconditions,
     flags=(Flag("HAS_DRAFT_LOGITS", "draft_logits_ptr", lambda x: x is not None, "draft_logits_ptr is a tensor"),),
     doc="MRV2 block verification: each random request's running min(0, sum of log p(d) - log q(d)) over its drafts",
+)
+
+
+# -- K15 -------------------------------------------------------------------------------------------
+def residual_rows(a: Mapping[str, Any]) -> list[int]:
+    """The rows K15 fills: draft rows past a request's first (block verification looks one step
+    ahead), not bonus rows, whose own draft is not a placeholder, of random requests."""
+    n = a["num_logits"]
+    local = a["expanded_local_pos_ptr"][:n].to(I64)
+    bonus = is_bonus(local, n)
+    drafts = a["draft_sampled_ptr"].reshape(-1)
+    temp, slots = a["temp_ptr"], a["expanded_idx_mapping_ptr"]
+    return [i for i in range(n) if int(local[i]) != 0 and not bool(bonus[i]) and int(drafts[i + 1]) >= 0
+            and float(temp[int(slots[i])]) != 0.0]
+
+
+def _vocab_blocks(k: str, a: Mapping[str, Any]) -> int:
+    """The tiling of a vocabulary-wide kernel: ``vocab_num_blocks`` tiles of ``BLOCK_SIZE`` over ``vocab_size``."""
+    at_least(k, "vocab_size", a["vocab_size"], 1)
+    _block_preconditions(k, a)
+    nb = _padded_blocks(k, a)
+    require(nb == cdiv(a["vocab_size"], a["BLOCK_SIZE"]), k, "vocab_num_blocks",
+            f"must be cdiv(vocab_size, BLOCK_SIZE) = {cdiv(a['vocab_size'], a['BLOCK_SIZE'])}")
+    return nb
+
+
+def _residual_preconditions(a: Mapping[str, Any]) -> None:
+    k, n = K15, a["num_logits"]
+    at_least(k, "num_logits", n, 0)
+    nb = _vocab_blocks(k, a)
+    v = a["vocab_size"]
+    for name in ("expanded_idx_mapping_ptr", "expanded_local_pos_ptr", "draft_sampled_ptr"):
+        require_length(k, name, a[name], n)
+    if n == 0:
+        return
+    local = a["expanded_local_pos_ptr"][:n].to(I64)
+    require(int(local.min()) >= 0, k, "expanded_local_pos_ptr", "must hold local positions >= 0")
+    candidates = [i for i in range(n) if int(local[i]) != 0 and not bool(is_bonus(local, n)[i])
+                  and int(a["draft_sampled_ptr"][i + 1]) >= 0]
+    _temperatures(k, a, a["expanded_idx_mapping_ptr"][candidates].to(I64))
+    rows = residual_rows(a)
+    if not rows:
+        return
+    rows_t = torch.tensor(rows, dtype=I64)
+    at_least(k, "local_residual_mass_stride", a["local_residual_mass_stride"], 0)
+    _need_cells(k, "local_residual_mass_ptr", a["local_residual_mass_ptr"], rows_t, a["local_residual_mass_stride"], nb)
+    require_length(k, "cumulative_log_p_ptr", a["cumulative_log_p_ptr"], max(rows))
+    prefix = a["cumulative_log_p_ptr"][rows_t - 1]
+    require(bool((prefix <= 0).all()), k, "cumulative_log_p_ptr",
+            "must hold log-ratios <= 0 (K14's running min(., 0)), no NaN, at the rows before those read")
+    for side in ("target", "draft"):
+        _need_stats(k, a, side, rows_t, nb)
+    at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
+    target = _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], [i * a["target_logits_stride"] for i in rows], v)
+    slots = a["expanded_idx_mapping_ptr"][rows_t].to(I64)
+    places = [(int(s), int(local[i]), 0) for s, i in zip(slots.tolist(), rows)]
+    draft = _need_draft_cells(k, a, places, a["temp_ptr"][slots].to(F32), v)
+    _need_log_probs(k, a, "target", rows, target, nb)
+    _need_log_probs(k, a, "draft", rows, draft, nb)
+
+
+LOCAL_RESIDUAL_MASS = KernelSpec(
+    name=K15,
+    family="mrv2",
+    qualname=f"{_UTILS}.{K15}",
+    params=(
+        *_row_stats("local_residual_mass", "f", "[NL, NB] out: each tile's sum of max(p_prev * p(x) - q(x), 0) (C29)"),
+        ptr("cumulative_log_p_ptr", (F32,), F32, "[NL] K14's running log-ratio; row i reads row i - 1"),
+        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
+        scalar("target_logits_stride"),
+        *_stats_params("target"),
+        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits", ndim=(3,)),
+        scalar("draft_logits_stride_0"),
+        scalar("draft_logits_stride_1"),
+        *_stats_params("draft"),
+        ptr("draft_sampled_ptr", INT, I32, "[NL] row i + 1 holds draft i; -1 is a placeholder"),
+        ptr("expanded_idx_mapping_ptr", INT, I64, "[NL] the state slot of each row"),
+        ptr("expanded_local_pos_ptr", INT, I32, "[NL] the row's step inside its request"),
+        ptr("temp_ptr", (F32,), F32, "[max_num_reqs] temperature per slot; 0 is greedy (skipped)"),
+        scalar("vocab_size", "V = min(V_t, V_d)"),
+        scalar("num_logits", "NL"),
+        scalar("vocab_num_blocks", "NB = cdiv(V, BLOCK_SIZE)"),
+        constexpr("BLOCK_SIZE", "tile width (8192 at the call site)"),
+        constexpr("PADDED_VOCAB_NUM_BLOCKS", "next power of two of NB"),
+    ),
+    grid=lambda a: (a["num_logits"], a["vocab_num_blocks"]),
+    preconditions=_residual_preconditions,
+    rule=lambda a, output, index, kind: "C29 exact tile sum",
+    doc="MRV2 block verification with draft logits: per row and tile, the residual mass max(p_prev * p - q, 0)",
 )
 
 
@@ -513,4 +626,4 @@ INSERT_RESAMPLED = KernelSpec(
     doc="MRV2: insert each request's resampled (or bonus) token: the winning tile's argmax; count it",
 )
 
-SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, CUMULATIVE_LOG_P, INSERT_RESAMPLED)
+SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, CUMULATIVE_LOG_P, LOCAL_RESIDUAL_MASS, INSERT_RESAMPLED)

@@ -189,7 +189,7 @@ def _logits(g: torch.Generator, shape: tuple[int, ...], style: str) -> torch.Ten
 
 
 @st.composite
-def scenes(draw: st.DrawFn, greedy: str | None = None) -> Scene:
+def scenes(draw: st.DrawFn, greedy: str | None = None, draft_logits: bool | None = None) -> Scene:
     lay = draw(layouts(max_requests=5))
     g = generator(draw(seeds))
     block = draw(st.sampled_from([8192, 4, 8, 16]))
@@ -209,7 +209,7 @@ def scenes(draw: st.DrawFn, greedy: str | None = None) -> Scene:
     style = draw(st.sampled_from(["plain", "plain", "ties", "masked", "peaked"]))
     target = _logits(g, (lay.num_logits, vocab + wider), style).to(draw(st.sampled_from([torch.float32] * 3 + [torch.bfloat16])))
     draft = None
-    if draw(st.booleans()):
+    if draw(st.booleans()) if draft_logits is None else draft_logits:
         draft = _logits(g, (lay.max_reqs, lay.k, vocab), style).to(draw(LOGIT_DTYPES))
     else:
         event("one-hot drafts (no draft logits)")
@@ -339,25 +339,22 @@ def cumulative_cases() -> st.SearchStrategy[Case]:
     return _cumulative_cases()
 
 
-@st.composite
-def _cumulative_cases(draw: st.DrawFn) -> Case:
-    sc = draw(scenes())
+def _stats_of(stats: dict[str, object], *sides: str) -> dict[str, object]:
+    return {f"{side}_local_{stat}_{what}": stats[f"{side}_local_{stat}_{what}"]
+            for side in sides for stat in ("max", "sumexp") for what in ("ptr", "stride")}
+
+
+def cumulative_args(draw: st.DrawFn, sc: Scene, stats: dict[str, object], tokens: torch.Tensor) -> dict[str, object]:
     lay = sc.lay
-    g = generator(draw(seeds))
-    stats = computed_stats(sc, draw)
-    stats.pop("target_local_argmax_ptr"), stats.pop("target_local_argmax_stride")
     nb = -(-sc.vocab // sc.block)
-    args = dict(
+    return dict(
         cumulative_log_p_ptr=torch.zeros(lay.num_logits + padding(draw)),
         target_logits_ptr=sc.target,
         target_logits_stride=sc.target.stride(0),
-        target_local_max_ptr=stats["target_local_max_ptr"], target_local_max_stride=stats["target_local_max_stride"],
-        target_local_sumexp_ptr=stats["target_local_sumexp_ptr"],
-        target_local_sumexp_stride=stats["target_local_sumexp_stride"],
-        draft_sampled_ptr=draft_tokens(draw, g, sc).to(draw(int_dtypes)),
+        **_stats_of(stats, "target"),
+        draft_sampled_ptr=tokens.to(draw(int_dtypes)),
         **draft_args(sc),
-        draft_local_max_ptr=stats["draft_local_max_ptr"], draft_local_max_stride=stats["draft_local_max_stride"],
-        draft_local_sumexp_ptr=stats["draft_local_sumexp_ptr"], draft_local_sumexp_stride=stats["draft_local_sumexp_stride"],
+        **_stats_of(stats, "draft"),
         cu_num_logits_ptr=torch.tensor(lay.cu, dtype=I64).to(draw(int_dtypes)),
         idx_mapping_ptr=torch.tensor(lay.slots, dtype=I64).to(draw(wide_dtypes)),
         temp_ptr=sc.temp,
@@ -365,4 +362,56 @@ def _cumulative_cases(draw: st.DrawFn) -> Case:
         PADDED_VOCAB_NUM_BLOCKS=next_power_of_2(nb) * draw(st.sampled_from([1, 1, 2])),
         HAS_DRAFT_LOGITS=sc.draft is not None,
     )
-    return Case(contracts.K14, args)
+
+
+@st.composite
+def _cumulative_cases(draw: st.DrawFn) -> Case:
+    sc = draw(scenes())
+    g = generator(draw(seeds))
+    return Case(contracts.K14, cumulative_args(draw, sc, computed_stats(sc, draw), draft_tokens(draw, g, sc)))
+
+
+def computed_cumulative(draw: st.DrawFn, sc: Scene, stats: dict[str, object], tokens: torch.Tensor) -> torch.Tensor:
+    """K14's output for the scene, from the oracle (the running log-ratio K15-K17 read)."""
+    from reference import mrv2 as oracle
+
+    a = cumulative_args(draw, sc, stats, tokens)
+    oracle._compute_cumulative_log_p_kernel(**a)
+    return a["cumulative_log_p_ptr"]
+
+
+# -- K15 -------------------------------------------------------------------------------------------
+@cases_for(contracts.K15)
+def residual_cases() -> st.SearchStrategy[Case]:
+    return _residual_cases()
+
+
+@st.composite
+def _residual_cases(draw: st.DrawFn) -> Case:
+    sc = draw(scenes(draft_logits=True))
+    lay = sc.lay
+    g = generator(draw(seeds))
+    stats = computed_stats(sc, draw)
+    tokens = draft_tokens(draw, g, sc)
+    nb = -(-sc.vocab // sc.block)
+    stride = nb + draw(st.sampled_from([0, 0, 2]))
+    args = dict(
+        local_residual_mass_ptr=torch.zeros((lay.num_logits, stride)),
+        local_residual_mass_stride=stride,
+        cumulative_log_p_ptr=computed_cumulative(draw, sc, stats, tokens),
+        target_logits_ptr=sc.target,
+        target_logits_stride=sc.target.stride(0),
+        **_stats_of(stats, "target"),
+        **draft_args(sc),
+        **_stats_of(stats, "draft"),
+        draft_sampled_ptr=tokens.to(draw(int_dtypes)),
+        expanded_idx_mapping_ptr=torch.tensor(lay.row_slot, dtype=I64).to(draw(wide_dtypes)),
+        expanded_local_pos_ptr=torch.tensor(lay.row_step, dtype=I64).to(draw(int_dtypes)),
+        temp_ptr=sc.temp,
+        vocab_size=sc.vocab,
+        num_logits=lay.num_logits,
+        vocab_num_blocks=nb,
+        BLOCK_SIZE=sc.block,
+        PADDED_VOCAB_NUM_BLOCKS=next_power_of_2(nb) * draw(st.sampled_from([1, 1, 2])),
+    )
+    return Case(contracts.K15, args)
