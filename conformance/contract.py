@@ -96,6 +96,12 @@ def scalar(name: str, doc: str = "", **kw: Any) -> Param:
     return Param(name, Kind.SCALAR, doc=doc, ndim=(), **kw)
 
 
+def real(name: str, doc: str = "", **kw: Any) -> Param:
+    """A float scalar (a Python float, or an int within int64): Triton passes it as float32,
+    rounded to nearest (beyond float32's range: an infinity)."""
+    return Param(name, Kind.SCALAR, dtypes=(torch.float32,), doc=doc, ndim=(), **kw)
+
+
 def constexpr(name: str, doc: str = "", **kw: Any) -> Param:
     return Param(name, Kind.CONSTEXPR, doc=doc, ndim=(), **kw)
 
@@ -234,6 +240,9 @@ class KernelSpec:
             elif p.kind is Kind.CONSTEXPR and p.name.isupper():
                 if not isinstance(v, (bool, int)):
                     raise TypeError(f"{self.name}: '{p.name}' must be a bool or int, got {type(v).__name__}")
+            elif p.dtypes:
+                if isinstance(v, torch.Tensor) or not isinstance(v, (int, float)):
+                    raise TypeError(f"{self.name}: '{p.name}' must be a Python float, got {type(v).__name__}")
             else:
                 if isinstance(v, torch.Tensor) or not isinstance(v, (int, bool)):
                     raise TypeError(f"{self.name}: '{p.name}' must be a Python int, got {type(v).__name__}")

@@ -67,6 +67,43 @@ def _past_int32(a: Mapping[str, Any], output: str, index: int) -> bool:
     return any(isinstance(v, torch.Tensor) and v.numel() >= 2**31 for v in a.values())
 
 
+def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) -> bool:
+    """K16's request (of ``index``) has a draft whose acceptance test compares a C29 quantity within
+    1e-5 (relative, at least absolute) of its threshold: the strict log-ratio test ``log p(d)`` against
+    ``log u + log q(d)``, or block verification's ``u <= h``. Greedy and synthetic decisions are exact."""
+    from conformance.kernels import mrv2
+    from reference import gumbel
+    from reference import mrv2 as oracle
+
+    r = index // max(a["sampled_stride"], 1) if output == "sampled_ptr" else index
+    q = mrv2.requests(a)[r]
+    if q.greedy or a["SYNTHETIC_MODE"]:
+        return False
+    nb, seed, tokens = a["vocab_num_blocks"], a["seed_ptr"][q.slot], a["draft_sampled_ptr"].to(torch.int64)
+    t = torch.tensor(q.temp, dtype=torch.float32)
+    for i in range(q.drafts):
+        row, d = q.start + i, int(tokens[q.start + i + 1])
+        if d < 0:
+            continue
+        block = a["USE_BLOCK_VERIFICATION"]
+        u = gumbel.tl_rand32(gumbel.spec_step_seed(seed, i) if block else seed, a["pos_ptr"][row], includes_zero=False)
+        if block:
+            ratio = gumbel.exp32(a["cumulative_log_p_ptr"][row])
+            nxt = int(tokens[row + 2]) if i < q.drafts - 1 else -1
+            if nxt >= 0:
+                mass = oracle._residual_mass(dict(a), row + 1, nxt, ratio, nb)
+                value, threshold = u, mass / (mass + 1.0 - ratio)
+            else:
+                value, threshold = u, ratio
+        else:
+            lp, lq = oracle._log_probs(dict(a), row, q.slot, i, d, t, nb)
+            value, threshold = lp, gumbel.log32(u) + lq
+        value, threshold = float(value), float(threshold)
+        if math.isfinite(value) and math.isfinite(threshold) and abs(value - threshold) <= 1e-5 * max(1.0, abs(threshold)):
+            return True
+    return False
+
+
 def _outputs(*names: str) -> Callable[[Mapping[str, Any], str, int], bool]:
     return lambda a, output, index: output in names
 
@@ -102,6 +139,18 @@ DEPARTURES: tuple[Departure, ...] = (
         "residual masses are exact sums of fused terms over C29 probabilities; vLLM's float32 exp, log and tree or "
         "NumPy sums move them in the last bits (within 1e-5 relative, 1e-6 absolute)",
         _outputs("local_residual_mass_ptr"), _within(1e-5, 1e-6),
+    ),
+    Departure(
+        "C29", ("_rejection_kernel",), None,
+        "the log-sum-exps K17 resamples with are C29 log-sum-exps; vLLM's float32 exp, log and tree sums move them "
+        "in the last bits (within 1e-5 relative, 1e-6 absolute)",
+        _outputs("target_rejected_logsumexp_ptr", "draft_rejected_logsumexp_ptr"), _within(1e-5, 1e-6),
+    ),
+    Departure(
+        "C29", ("_rejection_kernel",), None,
+        "acceptance tests compare C29 log-probabilities (or block verification's h) with the uniform's threshold; "
+        "vLLM's float32 exp, log and sums may decide otherwise within 1e-5 of it",
+        _near_acceptance_threshold,
     ),
     Departure(
         "C6", ("_compute_local_logits_stats_kernel",), ("compiled",),

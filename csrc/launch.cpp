@@ -140,6 +140,19 @@ class Launcher {
       if (PyErr_Occurred()) throw py::error_already_set();
       return false;
     }
+    if (!p.ptr && !p.codes.empty()) {  // a float scalar: a Python float, or an int within int64
+      if (PyFloat_Check(v)) {
+        out.real = PyFloat_AsDouble(v);
+        return true;
+      }
+      if (!PyLong_Check(v)) return false;
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow != 0) return false;
+      if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+      out.real = static_cast<double>(x);
+      return true;
+    }
     if (!p.ptr) {
       if (!PyLong_Check(v)) return false;
       int overflow = 0;

@@ -22,6 +22,7 @@ namespace specdiff {
 struct Arg {
   Strided tensor;
   std::int64_t value;
+  double real;  // a float scalar (Param.dtypes == (float32,)): Triton passes it as float32
 };
 
 template <class T>
@@ -37,6 +38,10 @@ struct ArgAs<Strided> {
 template <>
 struct ArgAs<std::int64_t> {
   static std::int64_t get(const Arg& a) { return a.value; }
+};
+template <>
+struct ArgAs<float> {
+  static float get(const Arg& a) { return static_cast<float>(a.real); }  // rounded to nearest, as Triton packs it
 };
 template <>
 struct ArgAs<bool> {

@@ -24,6 +24,7 @@ constexpr const char* kStats = "_compute_local_logits_stats_kernel";
 constexpr const char* kInsert = "_insert_resampled_kernel";
 constexpr const char* kCumulative = "_compute_cumulative_log_p_kernel";
 constexpr const char* kResidual = "_compute_local_residual_mass_kernel";
+constexpr const char* kRejection = "_rejection_kernel";
 constexpr std::int64_t kMaxBlock = 1 << 16;  // C29: a tile's exact sum fits int64
 constexpr double kSumScale = 0x1p46;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -559,6 +560,279 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
   });
 }
 
+// -- K16 ---------------------------------------------------------------------------------------------
+// The target argmax of a greedy row from K13's tiles: the first tile holding the highest maximum
+// (NaN never wins), then that tile's argmax.
+template <class A>
+std::int64_t global_argmax(const float* mx, std::int64_t mx_stride, const A* am, std::int64_t am_stride,
+                           std::int64_t row, std::int64_t nb) {
+  float best = kNegInf;
+  std::int64_t block = 0;
+  for (std::int64_t b = 0; b < nb; ++b)
+    if (mx[row * mx_stride + b] > best) {
+      best = mx[row * mx_stride + b];
+      block = b;
+    }
+  return static_cast<std::int64_t>(am[row * am_stride + block]);
+}
+
+void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_steps, Buffer target_lse_out,
+               Buffer draft_lse_out, Buffer target, std::int64_t target_stride, Buffer t_argmax,
+               std::int64_t t_argmax_stride, Buffer t_max, std::int64_t t_max_stride, Buffer t_sumexp,
+               std::int64_t t_sumexp_stride, Buffer draft_sampled, Buffer draft, std::int64_t draft_stride_0,
+               std::int64_t draft_stride_1, Buffer d_max, std::int64_t d_max_stride, Buffer d_sumexp,
+               std::int64_t d_sumexp_stride, Buffer cu_num_logits, Buffer idx_mapping, Buffer temp, Buffer seed_buf,
+               Buffer pos_buf, Buffer rates, Buffer cumulative, Buffer residual, std::int64_t residual_stride,
+               Buffer fly_entropy, float threshold, std::int64_t nb, std::int64_t padded, bool has_draft,
+               bool synthetic, bool block, std::int64_t fly) {
+  const char* k = kRejection;
+  need_at_least(k, "FLY_WINDOW_SIZE", fly, 0);
+  if (synthetic && block) fail(k, "USE_BLOCK_VERIFICATION", "excludes SYNTHETIC_MODE (rejection_sample asserts it)");
+  if (fly > 0 && (synthetic || block))
+    fail(k, "FLY_WINDOW_SIZE", "must be 0 with SYNTHETIC_MODE or USE_BLOCK_VERIFICATION (rejection_sample asserts it)");
+  if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
+  if (synthetic != rates.present())
+    fail(k, "SYNTHETIC_MODE", "must be True exactly when synthetic_conditional_rates_ptr is a tensor");
+  if (block != cumulative.present())
+    fail(k, "USE_BLOCK_VERIFICATION", "must be True exactly when cumulative_log_p_ptr is a tensor");
+  if ((fly > 0) != fly_entropy.present())
+    fail(k, "FLY_WINDOW_SIZE", "must be positive exactly when fly_entropy_ptr is a tensor");
+  if (residual.present() != (block && has_draft))
+    fail(k, "local_residual_mass_ptr",
+         "must be a tensor exactly with USE_BLOCK_VERIFICATION and draft logits (K15's output), else None");
+  const std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
+  const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
+  for (std::int64_t r = 0; r < reqs; ++r)
+    if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
+  const std::vector<std::int64_t> slots = load_ints(k, "idx_mapping_ptr", idx_mapping, reqs);
+  need_at_least(k, "vocab_num_blocks", nb, 1);
+  need_power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded);
+  if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
+  need_len(k, "rejected_steps_ptr", rejected_steps, reqs);
+  need_len(k, "target_rejected_logsumexp_ptr", target_lse_out, reqs);
+  need_len(k, "draft_rejected_logsumexp_ptr", draft_lse_out, reqs);
+  if (reqs == 0) return;
+  const std::vector<float> t = temperatures(k, temp, slots, "idx_mapping_ptr");
+  if (seed_buf.dtype != kInt64) throw py::type_error(std::string(k) + ": 'seed_ptr' must be int64");
+  for (const char* name : {"target_rejected_logsumexp_ptr", "draft_rejected_logsumexp_ptr"})
+    if ((name[0] == 't' ? target_lse_out : draft_lse_out).dtype != kFloat32)
+      throw py::type_error(std::string(k) + ": '" + name + "' must be float32");
+  if ((rates.present() && rates.dtype != kFloat32) || (fly_entropy.present() && fly_entropy.dtype != kFloat32))
+    throw py::type_error(std::string(k) + ": 'synthetic_conditional_rates_ptr' and 'fly_entropy_ptr' must be float32");
+  for (const std::int64_t s : slots)
+    if (s >= seed_buf.numel)
+      fail(k, "idx_mapping_ptr", "must hold state slots in [0, " + std::to_string(seed_buf.numel) + ") (seed_ptr's length)");
+  const std::int64_t nl = cu.back();
+  const std::vector<std::int64_t> tokens = load_ints(k, "draft_sampled_ptr", draft_sampled, nl);
+  const std::vector<std::int64_t> pos = load_ints(k, "pos_ptr", pos_buf, nl);
+  const bool wide_pos = pos_buf.dtype == kInt64;
+  std::int64_t widest = 0;
+  for (std::int64_t r = 0; r < reqs; ++r) widest = std::max(widest, cu[r + 1] - cu[r] - 1);
+  if (widest == 0) {
+    // No drafts: every request records 0 accepted and log-sum-exps of 0.
+    with_int(k, "rejected_steps_ptr", rejected_steps.dtype, [&](auto n_) {
+      for (std::int64_t r = 0; r < reqs; ++r) rejected_steps.as<decltype(n_)>()[r] = 0;
+    });
+    for (std::int64_t r = 0; r < reqs; ++r) target_lse_out.as<float>()[r] = draft_lse_out.as<float>()[r] = 0.0f;
+    return;
+  }
+  need_at_least(k, "sampled_stride", sampled_stride, widest);  // requests write disjoint cells
+  std::int64_t last = 0;
+  for (std::int64_t r = 0; r < reqs; ++r)
+    if (cu[r + 1] - cu[r] > 1) last = std::max(last, flat_index(r, sampled_stride, cu[r + 1] - cu[r] - 2));
+  if (last < 0 || last >= sampled.numel)
+    fail(k, "sampled_ptr", "must hold flat index " + std::to_string(last) + " (row stride " + std::to_string(sampled_stride) +
+                               "): every request's drafts");
+  if (synthetic) need_len(k, "synthetic_conditional_rates_ptr", rates, widest);
+  if (fly > 0) need_len(k, "fly_entropy_ptr", fly_entropy, nl);
+  for (const std::int64_t d : tokens)
+    if (d >= 0) need_fits(k, "draft_sampled_ptr", d, "sampled_ptr", sampled);
+  std::vector<std::int64_t> greedy_rows, random_rows, ahead, target_at, draft_at;
+  std::vector<float> draft_t;
+  for (std::int64_t r = 0; r < reqs; ++r)
+    for (std::int64_t i = cu[r]; i < cu[r + 1] - 1; ++i) {
+      (t[r] == 0.0f ? greedy_rows : random_rows).push_back(i);
+      if (t[r] != 0.0f && i > cu[r]) ahead.push_back(i);
+    }
+  with_int(k, "target_local_argmax_ptr", t_argmax.dtype, [&](auto a_) {
+    using A = decltype(a_);
+    if (greedy_rows.empty()) return;
+    need_at_least(k, "target_local_max_stride", t_max_stride, 0);
+    need_cells(k, "target_local_max_ptr", t_max, greedy_rows, t_max_stride, nb);
+    need_at_least(k, "target_local_argmax_stride", t_argmax_stride, 0);
+    need_cells(k, "target_local_argmax_ptr", t_argmax, greedy_rows, t_argmax_stride, nb);
+    if (t_max.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'target_local_max_ptr' must be float32");
+    for (const std::int64_t i : greedy_rows)
+      for (std::int64_t b = 0; b < nb; ++b)
+        need_fits(k, "target_local_argmax_ptr", static_cast<std::int64_t>(t_argmax.as<A>()[i * t_argmax_stride + b]),
+                  "sampled_ptr", sampled);
+  });
+  need_stats(k, "target", t_max, t_max_stride, t_sumexp, t_sumexp_stride, random_rows, nb);
+  if (has_draft) need_stats(k, "draft", d_max, d_max_stride, d_sumexp, d_sumexp_stride, random_rows, nb);
+  // Tokens whose logits are read: every valid draft of a random request, and of a greedy one under FLy.
+  for (std::int64_t r = 0; r < reqs; ++r) {
+    if (t[r] == 0.0f && fly == 0) continue;
+    for (std::int64_t i = cu[r]; i < cu[r + 1] - 1; ++i) {
+      const std::int64_t d = tokens[i + 1];
+      if (d < 0) continue;
+      target_at.push_back(flat_index(i, target_stride, d));
+      if (t[r] != 0.0f && !block) {
+        draft_at.push_back(draft_offset(slots[r], draft_stride_0, i - cu[r], draft_stride_1, d));
+        draft_t.push_back(t[r]);
+      }
+    }
+  }
+  if (!target_at.empty()) {
+    need_at_least(k, "target_logits_stride", target_stride, 0);
+    with_logits(k, "target_logits_ptr", target.dtype,
+                [&](auto t_) { need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_at, 1); });
+    if (has_draft && !draft_at.empty()) {
+      need_at_least(k, "draft_logits_stride_0", draft_stride_0, 0);
+      need_at_least(k, "draft_logits_stride_1", draft_stride_1, 0);
+      with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+        using D = decltype(d_);
+        need_logits<D>(k, "draft_logits_ptr", draft, draft_at, 1);
+        for (std::size_t j = 0; j < draft_at.size(); ++j)
+          if (to_float(draft.as<D>()[draft_at[j]]) / draft_t[j] == std::numeric_limits<float>::infinity())
+            fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+      });
+    }
+  }
+  if (block && !random_rows.empty()) {
+    need_len(k, "cumulative_log_p_ptr", cumulative, nl);
+    if (cumulative.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+    for (const std::int64_t i : random_rows)
+      if (!(cumulative.as<float>()[i] <= 0.0f))
+        fail(k, "cumulative_log_p_ptr",
+             "must hold log-ratios <= 0 (K14's running min(., 0)), no NaN, at the random requests' draft rows");
+    if (has_draft) {
+      need_at_least(k, "local_residual_mass_stride", residual_stride, 0);
+      need_cells(k, "local_residual_mass_ptr", residual, ahead, residual_stride, nb);
+      if (!ahead.empty() && residual.dtype != kFloat32)
+        throw py::type_error(std::string(k) + ": 'local_residual_mass_ptr' must be float32");
+      for (const std::int64_t i : ahead)
+        for (std::int64_t b = 0; b < nb; ++b) {
+          const float m = residual.as<float>()[i * residual_stride + b];
+          if (!(m >= 0.0f && std::isfinite(m)))
+            fail(k, "local_residual_mass_ptr", "must hold finite masses >= 0 (K15's) at the rows read");
+        }
+    }
+  }
+  const Stats ts{t_max.as<float>(), t_max_stride, t_sumexp.as<float>(), t_sumexp_stride};
+  const Stats ds{d_max.as<float>(), d_max_stride, d_sumexp.as<float>(), d_sumexp_stride};
+  with_int(k, "sampled_ptr", sampled.dtype, [&](auto s_) {
+  with_int(k, "rejected_steps_ptr", rejected_steps.dtype, [&](auto n_) {
+  with_int(k, "target_local_argmax_ptr", t_argmax.dtype, [&](auto a_) {
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+  with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
+    using S = decltype(s_);
+    using N = decltype(n_);
+    using A = decltype(a_);
+    using T = decltype(t_);
+    using D = decltype(d_);
+    S* out = sampled.as<S>();
+    const float* entropy = fly_entropy.present() ? fly_entropy.as<float>() : nullptr;
+    const float* rate = rates.present() ? rates.as<float>() : nullptr;
+    const float* ratio_log = cumulative.present() ? cumulative.as<float>() : nullptr;
+    py::gil_scoped_release nogil;
+#pragma omp parallel for if (reqs >= kParallelGatherRows) schedule(dynamic, 16)
+    for (std::int64_t r = 0; r < reqs; ++r) {
+      const std::int64_t start = cu[r], n = cu[r + 1] - cu[r] - 1, seed = seed_buf.as<std::int64_t>()[slots[r]];
+      const bool greedy = t[r] == 0.0f;
+      S* row_out = out + r * sampled_stride;
+      std::int64_t accepted_length = 0, pending = -1, rejected_argmax = 0;
+      float target_lse = 0.0f, draft_lse = 0.0f;
+      bool verifying = true;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t row = start + i;
+        const bool valid = tokens[row + 1] >= 0;
+        const std::int64_t d = std::max<std::int64_t>(tokens[row + 1], 0);
+        if (!greedy && fly == 0) verifying = verifying && valid;  // a placeholder ends a random request
+        if (!verifying) continue;
+        std::int64_t target_argmax = 0;
+        bool can_defer = false, accepted = false;
+        const float u = gumbel::tl_rand32(block ? gumbel::spec_step_seed(seed, i) : seed, pos[row], wide_pos, false);
+        if (greedy) {
+          target_argmax = global_argmax(t_max.as<float>(), t_max_stride, t_argmax.as<A>(), t_argmax_stride, row, nb);
+          accepted = (synthetic ? u < rate[i] : target_argmax == d) && valid;
+          if (fly > 0) can_defer = valid && to_float(target.as<T>()[row * target_stride + d]) > kNegInf;
+        } else if (block) {
+          const float ratio = gumbel::exp32(ratio_log[row]);  // the joint ratio after this step
+          const std::int64_t next = i < n - 1 ? tokens[row + 2] : -1;
+          float h = ratio;
+          if (next >= 0) {
+            float mass;
+            if (has_draft) {
+              double total = 0.0;  // K15's tiles, float64 in tile order (C29)
+              for (std::int64_t b = 0; b < nb; ++b) total += residual.as<float>()[(row + 1) * residual_stride + b];
+              mass = static_cast<float>(total);
+            } else {
+              const float p = gumbel::exp32(to_float(target.as<T>()[(row + 1) * target_stride + next]) - logsumexp(ts, row + 1, nb));
+              mass = ratio * (1.0f - p);
+            }
+            const float denom = mass + 1.0f - ratio;
+            h = denom > 0.0f ? mass / denom : 1.0f;
+          }
+          if (u <= h) accepted_length = i + 1;  // no early exit: a later accept takes the block up to it
+          row_out[i] = static_cast<S>(d);
+        } else {
+          const float step_target_lse = logsumexp(ts, row, nb);
+          const float step_draft_lse = has_draft ? logsumexp(ds, row, nb) : 0.0f;
+          float lp = kNegInf, lq = has_draft ? kNegInf : 0.0f;
+          if (valid) {
+            lp = to_float(target.as<T>()[row * target_stride + d]) - step_target_lse;
+            if (has_draft)
+              lq = to_float(draft.as<D>()[slots[r] * draft_stride_0 + i * draft_stride_1 + d]) / t[r] - step_draft_lse;
+          }
+          if (fly == 0 || pending < 0) {
+            target_lse = step_target_lse;
+            draft_lse = step_draft_lse;
+          }
+          // p(d) > u * q(d), strictly, in the log domain.
+          accepted = synthetic ? u < rate[i] : lp > gumbel::log32(u) + lq;
+          if (fly > 0) {
+            accepted = accepted && valid;
+            can_defer = valid && lp > kNegInf && lq > kNegInf;
+          }
+        }
+        if (block && !greedy) continue;
+        if (fly > 0) {
+          if (pending >= 0) {
+            verifying = accepted;  // only accepted drafts confirm a deferred rejection
+            if (accepted && i - pending == fly) {
+              accepted_length = i + 1;
+              pending = -1;
+            }
+          } else if (accepted) {
+            accepted_length = i + 1;
+          } else {
+            rejected_argmax = target_argmax;
+            verifying = can_defer && i + fly < n && entropy[row] >= threshold;
+            if (verifying) pending = i;
+          }
+          row_out[i] = static_cast<S>(d);
+        } else {
+          verifying = accepted;
+          accepted_length += accepted;
+          row_out[i] = static_cast<S>(greedy && !accepted ? target_argmax : d);
+        }
+      }
+      if (fly > 0 && greedy && accepted_length < n) row_out[accepted_length] = static_cast<S>(rejected_argmax);
+      rejected_steps.as<N>()[r] = static_cast<N>(accepted_length);
+      if (block && !greedy && accepted_length < n) {
+        target_lse = logsumexp(ts, start + accepted_length, nb);
+        if (has_draft) draft_lse = logsumexp(ds, start + accepted_length, nb);
+      }
+      target_lse_out.as<float>()[r] = target_lse;
+      draft_lse_out.as<float>()[r] = draft_lse;
+    }
+  });
+  });
+  });
+  });
+  });
+}
+
 // -- K18 ---------------------------------------------------------------------------------------------
 void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sampled, Buffer local_argmax,
                       std::int64_t local_argmax_stride, Buffer local_max, std::int64_t local_max_stride, std::int64_t nb,
@@ -640,6 +914,7 @@ void register_mrv2(py::module_& m) {
   def_kernel<&insert_resampled>(m, "_insert_resampled");
   def_kernel<&cumulative_log_p>(m, "_compute_cumulative_log_p");
   def_kernel<&local_residual_mass>(m, "_compute_local_residual_mass");
+  def_kernel<&rejection>(m, "_rejection");
 }
 
 }  // namespace specdiff

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from conformance.kernels import mrv2 as contracts
@@ -242,3 +244,156 @@ def _compute_local_residual_mass_kernel(
         terms = torch.clamp_min(gumbel.fma32(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
         at = i * local_residual_mass_stride
         out[at : at + nb] = gumbel.exact_sum(terms)
+
+
+def _global_argmax(a: dict, row: int, nb: int) -> int:
+    """The target argmax of a greedy row from K13's tiles: the first tile holding the highest
+    maximum (NaN never wins), then that tile's argmax."""
+    m = a["target_local_max_ptr"].reshape(-1)[row * a["target_local_max_stride"] :][:nb]
+    b = int(torch.where(m.isnan(), float("-inf"), m).argmax())
+    return int(a["target_local_argmax_ptr"].reshape(-1)[row * a["target_local_argmax_stride"] + b])
+
+
+def _residual_mass(a: dict, row: int, token: int, ratio: torch.Tensor, nb: int) -> torch.Tensor:
+    """The block-verification residual mass at ``row`` (the next step): K15's tiles summed in
+    float64 in tile order (C29), or for a one-hot draft ``ratio * (1 - p(token))``."""
+    if a["HAS_DRAFT_LOGITS"]:
+        partials = a["local_residual_mass_ptr"].reshape(-1)[row * a["local_residual_mass_stride"] :][:nb]
+        total = torch.zeros((), dtype=torch.float64)
+        for x in partials.to(torch.float64):
+            total = total + x
+        return total.to(F32)
+    x = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32)
+    m_b = gumbel.exp32(x - contracts.row_logsumexp(a, "target", row, nb))
+    return ratio * (1.0 - m_b)
+
+
+def _rejection_kernel(
+    sampled_ptr: torch.Tensor,
+    sampled_stride: int,
+    rejected_steps_ptr: torch.Tensor,
+    target_rejected_logsumexp_ptr: torch.Tensor,
+    draft_rejected_logsumexp_ptr: torch.Tensor,
+    target_logits_ptr: torch.Tensor,
+    target_logits_stride: int,
+    target_local_argmax_ptr: torch.Tensor,
+    target_local_argmax_stride: int,
+    target_local_max_ptr: torch.Tensor,
+    target_local_max_stride: int,
+    target_local_sumexp_ptr: torch.Tensor,
+    target_local_sumexp_stride: int,
+    draft_sampled_ptr: torch.Tensor,
+    draft_logits_ptr: torch.Tensor | None,
+    draft_logits_stride_0: int,
+    draft_logits_stride_1: int,
+    draft_local_max_ptr: torch.Tensor,
+    draft_local_max_stride: int,
+    draft_local_sumexp_ptr: torch.Tensor,
+    draft_local_sumexp_stride: int,
+    cu_num_logits_ptr: torch.Tensor,
+    idx_mapping_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    seed_ptr: torch.Tensor,
+    pos_ptr: torch.Tensor,
+    synthetic_conditional_rates_ptr: torch.Tensor | None,
+    cumulative_log_p_ptr: torch.Tensor | None,
+    local_residual_mass_ptr: torch.Tensor | None,
+    local_residual_mass_stride: int,
+    fly_entropy_ptr: torch.Tensor | None,
+    fly_entropy_threshold: float,
+    vocab_num_blocks: int,
+    PADDED_VOCAB_NUM_BLOCKS: int,
+    HAS_DRAFT_LOGITS: bool,
+    SYNTHETIC_MODE: bool,
+    USE_BLOCK_VERIFICATION: bool,
+    FLY_WINDOW_SIZE: int,
+) -> None:
+    a = locals()
+    contracts.REJECTION.check(a)
+    nb, fly, block = vocab_num_blocks, FLY_WINDOW_SIZE, USE_BLOCK_VERIFICATION
+    zero = torch.zeros((), dtype=F32)
+    threshold = torch.tensor(fly_entropy_threshold, dtype=F32)  # passed as float32
+    tokens = draft_sampled_ptr.to(I64)
+    sampled = sampled_ptr.view(-1)
+    for q in contracts.requests(a):
+        t = torch.tensor(q.temp, dtype=F32)
+        seed = seed_ptr[q.slot]
+        accepted_length, pending, rejected_argmax = 0, -1, 0
+        target_lse = draft_lse = zero
+        verifying = True
+        for i in range(q.drafts):
+            row = q.start + i
+            d = int(tokens[row + 1])
+            valid = d >= 0
+            d = max(d, 0)
+            if not q.greedy and fly == 0:
+                verifying = verifying and valid  # a placeholder ends a random request's verification
+            if not verifying:
+                continue
+            target_argmax, can_defer, accepted = 0, False, False
+            u = gumbel.tl_rand32(gumbel.spec_step_seed(seed, i) if block else seed, pos_ptr[row], includes_zero=False)
+            if q.greedy:
+                target_argmax = _global_argmax(a, row, nb)
+                accepted = bool(u < synthetic_conditional_rates_ptr[i]) if SYNTHETIC_MODE else target_argmax == d
+                accepted = accepted and valid
+                if fly:
+                    x = target_logits_ptr.reshape(-1)[row * target_logits_stride + d] if valid else -math.inf
+                    can_defer = valid and float(x) > -math.inf
+            elif block:
+                ratio = gumbel.exp32(cumulative_log_p_ptr[row])  # the joint ratio after this step
+                nxt = int(tokens[row + 2]) if i < q.drafts - 1 else -1
+                if nxt >= 0:
+                    mass = _residual_mass(a, row + 1, nxt, ratio, nb)
+                    denom = mass + 1.0 - ratio
+                    h = mass / denom if denom > 0.0 else torch.ones((), dtype=F32)
+                else:
+                    h = ratio
+                # No early exit: a later step's accept takes the whole block up to it.
+                if u <= h:
+                    accepted_length = i + 1
+                sampled[q.index * sampled_stride + i] = d
+            else:
+                lp, lq = _log_probs(a, row, q.slot, i, d, t, nb) if valid else (-math.inf, -math.inf)
+                lp, lq = torch.as_tensor(lp, dtype=F32), torch.as_tensor(lq, dtype=F32)
+                if fly == 0 or pending < 0:
+                    target_lse = contracts.row_logsumexp(a, "target", row, nb)
+                    draft_lse = contracts.row_logsumexp(a, "draft", row, nb) if HAS_DRAFT_LOGITS else zero
+                if SYNTHETIC_MODE:
+                    accepted = bool(u < synthetic_conditional_rates_ptr[i])
+                else:
+                    # p(d) > u * q(d), strictly, in the log domain: log p > log u + log q.
+                    accepted = bool(lp > gumbel.log32(u) + lq)
+                if fly:
+                    accepted = accepted and valid
+                    can_defer = valid and bool(lp > -math.inf) and bool(lq > -math.inf)
+            if block and not q.greedy:
+                continue
+            if fly:
+                if pending >= 0:
+                    # Only an accepted draft confirms a deferred rejection; FLY_WINDOW_SIZE of them do.
+                    verifying = accepted
+                    if accepted and i - pending == fly:
+                        accepted_length, pending = i + 1, -1
+                elif accepted:
+                    accepted_length = i + 1
+                else:
+                    rejected_argmax = target_argmax
+                    entropy = fly_entropy_ptr[row]
+                    verifying = can_defer and i + fly < q.drafts and bool(entropy >= threshold)
+                    if verifying:
+                        pending = i
+                sampled[q.index * sampled_stride + i] = d
+            else:
+                verifying = accepted
+                accepted_length += int(accepted)
+                sampled[q.index * sampled_stride + i] = target_argmax if q.greedy and not accepted else d
+        if fly and q.greedy and accepted_length < q.drafts:
+            sampled[q.index * sampled_stride + accepted_length] = rejected_argmax
+        rejected_steps_ptr[q.index] = accepted_length
+        if block and not q.greedy and accepted_length < q.drafts:
+            rejected = q.start + accepted_length
+            target_lse = contracts.row_logsumexp(a, "target", rejected, nb)
+            if HAS_DRAFT_LOGITS:
+                draft_lse = contracts.row_logsumexp(a, "draft", rejected, nb)
+        target_rejected_logsumexp_ptr[q.index] = target_lse
+        draft_rejected_logsumexp_ptr[q.index] = draft_lse

@@ -449,3 +449,169 @@ def test_invalid_local_residual_mass(backend, change, error, param):
     a = residual_args(2)
     a.update(change)
     _refused(backend, contracts.LOCAL_RESIDUAL_MASS, a, error, param)
+
+
+# -- K16 _rejection_kernel -------------------------------------------------------------------------------
+def rejection_args(target: list[list[float]], drafts: list[list[int]], temps: list[float], mode: str = "standard",
+                   window: int = 0) -> dict[str, Any]:
+    """Requests in slots 1, 0, 2, ... (permuted), with one-hot drafts; target rows as given (one
+    per draft plus a bonus row each, vocabulary 4, one tile); K13-K14 inputs from the oracle."""
+    from reference import mrv2 as oracle
+
+    r = len(drafts)
+    cu = [0]
+    for d in drafts:
+        cu.append(cu[-1] + len(d) + 1)
+    nl, slots = cu[-1], [1, 0, 2, 3][:r]
+    tokens = [t for d in drafts for t in [7, *d]]  # row i + 1 holds draft i; a request's first row holds its last token
+    row_slot = [slots[q] for q in range(r) for _ in range(len(drafts[q]) + 1)]
+    row_step = [i for d in drafts for i in range(len(d) + 1)]
+    temp = f32([temps[slots.index(s)] if s in slots else 1.0 for s in range(max(slots) + 1)])
+    stats: dict[str, Any] = {}
+    for name in ("target_local_argmax", "target_local_max", "target_local_sumexp", "draft_local_max", "draft_local_sumexp"):
+        stats[f"{name}_ptr"] = torch.zeros((nl, 1), dtype=I64 if "argmax" in name else torch.float32)
+        stats[f"{name}_stride"] = 1
+    logits = f32(target)
+    oracle._compute_local_logits_stats_kernel(**stats, target_logits_ptr=logits, target_logits_stride=4, draft_logits_ptr=None,
+                                              draft_logits_stride_0=0, draft_logits_stride_1=0,
+                                              expanded_idx_mapping_ptr=i64(row_slot), expanded_local_pos_ptr=i32(row_step),
+                                              temp_ptr=temp, vocab_size=4, num_logits=nl, BLOCK_SIZE=4, HAS_DRAFT_LOGITS=False)
+    args: dict[str, Any] = dict(
+        sampled_ptr=torch.full((r, 4), POISON, dtype=I64), sampled_stride=4, rejected_steps_ptr=poisoned(r),
+        target_rejected_logsumexp_ptr=torch.full((r,), float("nan")), draft_rejected_logsumexp_ptr=torch.full((r,), float("nan")),
+        target_logits_ptr=logits, target_logits_stride=4, **stats, draft_sampled_ptr=i32(tokens), draft_logits_ptr=None,
+        draft_logits_stride_0=0, draft_logits_stride_1=0, cu_num_logits_ptr=i32(cu), idx_mapping_ptr=i64(slots),
+        temp_ptr=temp, seed_ptr=i64([11, 22, 33, 44][: len(temp)]), pos_ptr=i64(list(range(100, 100 + nl))),
+        synthetic_conditional_rates_ptr=f32([1.0, 0.0, 1.0]) if mode == "synthetic" else None,
+        cumulative_log_p_ptr=None, local_residual_mass_ptr=None, local_residual_mass_stride=0,
+        fly_entropy_ptr=f32([0.9] * nl) if window else None, fly_entropy_threshold=0.5,
+        vocab_num_blocks=1, PADDED_VOCAB_NUM_BLOCKS=1, HAS_DRAFT_LOGITS=False, SYNTHETIC_MODE=mode == "synthetic",
+        USE_BLOCK_VERIFICATION=mode == "block", FLY_WINDOW_SIZE=window)
+    for name in ("draft_local_max_ptr", "draft_local_sumexp_ptr"):
+        args[name] = args[name].zero_()
+    if mode == "block":
+        cum = dict(cumulative_log_p_ptr=torch.zeros(nl), cu_num_logits_ptr=args["cu_num_logits_ptr"],
+                   idx_mapping_ptr=args["idx_mapping_ptr"], temp_ptr=temp, vocab_num_blocks=1, PADDED_VOCAB_NUM_BLOCKS=1,
+                   HAS_DRAFT_LOGITS=False, draft_sampled_ptr=args["draft_sampled_ptr"], target_logits_ptr=logits,
+                   target_logits_stride=4, draft_logits_ptr=None, draft_logits_stride_0=0, draft_logits_stride_1=0)
+        cum.update({k: v for k, v in stats.items() if "argmax" not in k})
+        oracle._compute_cumulative_log_p_kernel(**cum)
+        args["cumulative_log_p_ptr"] = cum["cumulative_log_p_ptr"]
+    return args
+
+
+SURE, NEVER = [0.0, -INF, -INF, -INF], [-INF, 0.0, 0.0, 0.0]  # token 0 holds all, or none, of the mass
+P = POISON
+
+
+def lse(row: list[float]) -> float:
+    return f32v(max(row) + math.log(sum(math.exp(x - max(row)) for x in row)))
+
+
+@backends
+def test_golden_rejection_greedy(backend):
+    # Argmaxes 2, 1, 3 at the draft rows: drafts [2, 0] accept 2 and put the argmax 1 in place of
+    # 0; drafts [3] accept all; the request without drafts records nothing.
+    rows = [[0, 1, 9, 2], [0, 5, 1, 2], [0, 0, 0, 0], [1, 2, 3, 4], [0, 0, 0, 0], [0, 0, 0, 0]]
+    a = rejection_args(rows, [[2, 0], [3], []], [0.0, 0.0, 0.0])
+    launch(backend, contracts.REJECTION, a)
+    assert a["sampled_ptr"].tolist() == [[2, 1, P, P], [3, P, P, P], [P, P, P, P]]
+    assert a["rejected_steps_ptr"].tolist() == [1, 1, 0]
+    assert a["target_rejected_logsumexp_ptr"].tolist() == [0.0] * 3  # greedy requests need no log-sum-exp
+    assert a["draft_rejected_logsumexp_ptr"].tolist() == [0.0] * 3
+
+
+@backends
+def test_golden_rejection_random(backend):
+    # One-hot drafts: p(d) = 1 is always accepted (log 1 = 0 > log u), p(d) = 0 never. Request 0
+    # stops at its second draft and keeps that step's log-sum-exps; request 1 takes all of them.
+    a = rejection_args([SURE, NEVER, SURE, [0] * 4, SURE, SURE, [0] * 4], [[0, 0, 0], [0, 0]], [1.0, 0.5])
+    launch(backend, contracts.REJECTION, a)
+    assert a["sampled_ptr"].tolist() == [[0, 0, P, P], [0, 0, P, P]]
+    assert a["rejected_steps_ptr"].tolist() == [1, 2]
+    got = a["target_rejected_logsumexp_ptr"].tolist()
+    if backend == "vllm":  # C29: float32 exp, log and sums
+        assert got == pytest.approx([lse(NEVER), 0.0], abs=1e-6)
+    else:
+        assert got == [f32v(lse(NEVER)), 0.0]
+    assert a["draft_rejected_logsumexp_ptr"].tolist() == [0.0, 0.0]
+
+
+@backends
+def test_golden_rejection_synthetic(backend):
+    # Rates [1, 0, 1]: u < 1 always holds, u < 0 never: greedy and random requests alike accept one
+    # draft, whatever the logits say (the greedy request writes its argmax at the rejection).
+    rows = [NEVER, NEVER, NEVER, [0] * 4, NEVER, NEVER, NEVER, [0] * 4]
+    a = rejection_args(rows, [[0, 0, 0], [0, 0, 0]], [1.0, 0.0], mode="synthetic")
+    launch(backend, contracts.REJECTION, a)
+    assert a["rejected_steps_ptr"].tolist() == [1, 1]
+    assert a["sampled_ptr"].tolist() == [[0, 0, P, P], [0, 1, P, P]]
+
+
+@backends
+def test_golden_rejection_block_verification(backend):
+    # One-hot drafts of probability 1 keep the joint ratio at 1: every step is accepted. Request 1's
+    # first draft has probability 0: every ratio after it is 0 and no step is accepted (u > 0), so
+    # the rejected row is its first; it still writes each verified draft.
+    a = rejection_args([SURE, SURE, [0] * 4, NEVER, SURE, [0] * 4], [[0, 0], [0, 0]], [1.0, 1.0], mode="block")
+    launch(backend, contracts.REJECTION, a)
+    assert a["rejected_steps_ptr"].tolist() == [2, 0]
+    assert a["sampled_ptr"].tolist() == [[0, 0, P, P], [0, 0, P, P]]
+    got = a["target_rejected_logsumexp_ptr"].tolist()
+    if backend == "vllm":
+        assert got == pytest.approx([0.0, lse(NEVER)], abs=1e-6)
+    else:
+        assert got == [0.0, f32v(lse(NEVER))]
+
+
+@backends
+def test_golden_rejection_fly(backend):
+    # FLy, window 1, greedy: draft 0 misses the argmax but may defer (its logit is finite, the
+    # entropy 0.9 >= 0.5, a step remains); draft 1 hits and confirms the window: 2 accepted. Draft 2
+    # misses with no room left: its argmax (3) replaces it.
+    rows = [[0, 9, 0, 0], [0, 0, 9, 0], [0, 0, 0, 9], [0] * 4]
+    a = rejection_args(rows, [[0, 2, 0]], [0.0], window=1)
+    launch(backend, contracts.REJECTION, a)
+    assert a["rejected_steps_ptr"].tolist() == [2]
+    assert a["sampled_ptr"].tolist() == [[0, 2, 3, P]]
+
+
+@given(case=cases(contracts.K16))
+def test_conformance_rejection(case):
+    run_case(case, BACKEND_NAMES)
+
+
+@cpu_and_reference
+@pytest.mark.parametrize(
+    "change, error, param",
+    [
+        (dict(FLY_WINDOW_SIZE=-1), ValueError, "FLY_WINDOW_SIZE"),
+        (dict(sampled_stride=1), ValueError, "sampled_stride"),  # narrower than a request's drafts
+        (dict(sampled_ptr=torch.zeros((1, 4), dtype=I64)), ValueError, "sampled_ptr"),  # request 1's row lies past it
+        (dict(seed_ptr=i64([1])), ValueError, "idx_mapping_ptr"),  # slot 1 has no seed
+        (dict(seed_ptr=i32([1, 2])), TypeError, "seed_ptr"),
+        (dict(pos_ptr=i64([0] * 3)), ValueError, "pos_ptr"),
+        (dict(draft_sampled_ptr=i32([7, 0, 0, 30, 7, 0, 0])), ValueError, "target_logits_ptr"),  # row 2, token 30: past it
+        (dict(target_local_sumexp_ptr=f32([[-1.0]] * 7)), ValueError, "target_local_sumexp_ptr"),
+        (dict(fly_entropy_ptr=f32([0.5] * 7)), ValueError, "FLY_WINDOW_SIZE"),  # FLy data without a window
+        (dict(rejected_steps_ptr=poisoned(1)), ValueError, "rejected_steps_ptr"),
+        (dict(fly_entropy_threshold="0.3"), TypeError, "fly_entropy_threshold"),
+        (dict(cu_num_logits_ptr=i32([0, 4, 4])), ValueError, "cu_num_logits_ptr"),
+    ],
+)
+def test_invalid_rejection(backend, change, error, param):
+    a = rejection_args([SURE, NEVER, SURE, [0] * 4, SURE, SURE, [0] * 4], [[0, 0, 0], [0, 0]], [1.0, 0.5])
+    a.update(change)
+    _refused(backend, contracts.REJECTION, a, error, param)
+
+
+@cpu_and_reference
+@pytest.mark.parametrize("mode, change, param", [
+    ("block", dict(cumulative_log_p_ptr=f32([0.5] * 6)), "cumulative_log_p_ptr"),  # a joint ratio above 1
+    ("block", dict(SYNTHETIC_MODE=True, synthetic_conditional_rates_ptr=f32([1.0] * 3)), "USE_BLOCK_VERIFICATION"),
+    ("synthetic", dict(synthetic_conditional_rates_ptr=f32([1.0])), "synthetic_conditional_rates_ptr"),  # 2 drafts
+])
+def test_invalid_rejection_modes(backend, mode, change, param):
+    a = rejection_args([SURE, SURE, [0] * 4, NEVER, SURE, [0] * 4], [[0, 0], [0, 0]], [1.0, 1.0], mode=mode)
+    a.update(change)
+    _refused(backend, contracts.REJECTION, a, ValueError, param)

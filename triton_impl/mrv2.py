@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_impl.gumbel import exact_sum, exp32, max_and_sumexp
+from triton_impl.gumbel import exact_sum, exp32, log32, max_and_sumexp, spec_step_seed, tl_rand32
 
 
 @triton.jit
@@ -167,21 +167,25 @@ def _logsumexp(max_ptr, max_stride, sumexp_ptr, sumexp_stride, row, num_blocks):
 
 
 @triton.jit
-def _log_probs(token, row, slot, step, temp, target_logits_ptr, target_logits_stride, target_local_max_ptr,
+def _log_probs(token, valid, row, slot, step, temp, target_logits_ptr, target_logits_stride, target_local_max_ptr,
                target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride, draft_logits_ptr,
                draft_logits_stride_0, draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
                draft_local_sumexp_ptr, draft_local_sumexp_stride, num_blocks, HAS_DRAFT_LOGITS: tl.constexpr):
-    # (log p, log q) of a token at a logits row; log q = 0 for one-hot drafts.
-    x = tl.load(target_logits_ptr + row * target_logits_stride + token).to(tl.float32)
-    lp = x - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
-                        target_local_sumexp_stride, row, num_blocks)
+    # (log p, log q, target LSE, draft LSE) of a token at a logits row (an invalid token reads
+    # nothing: log p = log q = -inf); one-hot drafts have log q = 0 and a draft LSE of 0.
+    x = tl.load(target_logits_ptr + row * target_logits_stride + token, mask=valid, other=float("-inf"))
+    lse_t = _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
+                       target_local_sumexp_stride, row, num_blocks)
+    lp = x.to(tl.float32) - lse_t
     lq = tl.zeros((), tl.float32)
+    lse_d = tl.zeros((), tl.float32)
     if HAS_DRAFT_LOGITS:
-        y = tl.load(draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1 + token)
-        lq = tl.math.div_rn(y.to(tl.float32), temp) - _logsumexp(
-            draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr, draft_local_sumexp_stride, row,
-            num_blocks)
-    return lp, lq
+        y = tl.load(draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1 + token, mask=valid,
+                    other=float("-inf"))
+        lse_d = _logsumexp(draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr,
+                           draft_local_sumexp_stride, row, num_blocks)
+        lq = tl.math.div_rn(y.to(tl.float32), temp) - lse_d
+    return lp, lq, lse_t, lse_d
 
 
 @triton.jit
@@ -221,7 +225,7 @@ def _compute_cumulative_log_p_kernel(
         row = start + step
         token = tl.load(draft_sampled_ptr + row + 1).to(tl.int64)
         if token >= 0:  # a placeholder carries the previous value
-            lp, lq = _log_probs(token, row, slot, step, temp, target_logits_ptr, target_logits_stride,
+            lp, lq, _, _ = _log_probs(token, True, row, slot, step, temp, target_logits_ptr, target_logits_stride,
                                 target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
                                 target_local_sumexp_stride, draft_logits_ptr, draft_logits_stride_0,
                                 draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
@@ -285,3 +289,190 @@ def _compute_local_residual_mass_kernel(
     p_prev = exp32(tl.load(cumulative_log_p_ptr + logit_idx - 1))
     terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
     tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx, exact_sum(terms))
+
+
+@triton.jit
+def _global_target_argmax(target_local_max_ptr, target_local_max_stride, target_local_argmax_ptr,
+                          target_local_argmax_stride, row, num_blocks):
+    # The first tile holding the highest maximum (NaN never wins), then that tile's argmax.
+    best = tl.full((), float("-inf"), tl.float32)
+    best_block = tl.zeros((), tl.int64)
+    for b in range(num_blocks):
+        m = tl.load(target_local_max_ptr + row * target_local_max_stride + b)
+        better = m > best
+        best = tl.where(better, m, best)
+        best_block = tl.where(better, b, best_block)
+    return tl.load(target_local_argmax_ptr + row * target_local_argmax_stride + best_block).to(tl.int64)
+
+
+@triton.jit
+def _residual_mass(local_residual_mass_ptr, local_residual_mass_stride, ratio, target_logits_ptr, target_logits_stride,
+                   target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride,
+                   token, row, num_blocks, HAS_DRAFT_LOGITS: tl.constexpr):
+    # Block verification's residual mass at the next step's row: K15's tiles summed in float64 in
+    # tile order (C29), or for a one-hot draft ratio * (1 - p(token)).
+    if HAS_DRAFT_LOGITS:
+        total = tl.zeros((), tl.float64)
+        for b in range(num_blocks):
+            total += tl.load(local_residual_mass_ptr + row * local_residual_mass_stride + b).to(tl.float64)
+        mass = total.to(tl.float32)
+    else:
+        x = tl.load(target_logits_ptr + row * target_logits_stride + token).to(tl.float32)
+        p = exp32(x - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
+                                 target_local_sumexp_stride, row, num_blocks))
+        mass = ratio * (1.0 - p)
+    return mass
+
+
+@triton.jit
+def _rejection_kernel(
+    sampled_ptr,  # [R, K+1] out
+    sampled_stride,
+    rejected_steps_ptr,  # [R] out
+    target_rejected_logsumexp_ptr,  # [R] out
+    draft_rejected_logsumexp_ptr,  # [R] out
+    target_logits_ptr,
+    target_logits_stride,
+    target_local_argmax_ptr,
+    target_local_argmax_stride,
+    target_local_max_ptr,
+    target_local_max_stride,
+    target_local_sumexp_ptr,
+    target_local_sumexp_stride,
+    draft_sampled_ptr,  # [NL]: row i + 1 holds draft i
+    draft_logits_ptr,
+    draft_logits_stride_0,
+    draft_logits_stride_1,
+    draft_local_max_ptr,
+    draft_local_max_stride,
+    draft_local_sumexp_ptr,
+    draft_local_sumexp_stride,
+    cu_num_logits_ptr,  # [R+1]
+    idx_mapping_ptr,  # [R]
+    temp_ptr,
+    seed_ptr,
+    pos_ptr,  # [NL]
+    synthetic_conditional_rates_ptr,  # [K] or None
+    cumulative_log_p_ptr,  # [NL] or None
+    local_residual_mass_ptr,  # [NL, NB] or None
+    local_residual_mass_stride,
+    fly_entropy_ptr,  # [NL] or None
+    fly_entropy_threshold,
+    vocab_num_blocks,
+    PADDED_VOCAB_NUM_BLOCKS: tl.constexpr,
+    HAS_DRAFT_LOGITS: tl.constexpr,
+    SYNTHETIC_MODE: tl.constexpr,
+    USE_BLOCK_VERIFICATION: tl.constexpr,
+    FLY_WINDOW_SIZE: tl.constexpr,
+):
+    # Launched as kernel[(R,)]: one request's drafts in order.
+    req_idx = tl.program_id(0).to(tl.int64)
+    slot = tl.load(idx_mapping_ptr + req_idx).to(tl.int64)
+    start = tl.load(cu_num_logits_ptr + req_idx).to(tl.int64)
+    end = tl.load(cu_num_logits_ptr + req_idx + 1).to(tl.int64)
+    num_drafts = end - start - 1
+    seed = tl.load(seed_ptr + slot)
+    temp = tl.load(temp_ptr + slot).to(tl.float32)
+    is_greedy = temp == 0.0
+    accepted_length = tl.zeros((), tl.int64)
+    pending = tl.full((), -1, tl.int64)  # FLy: the deferred rejection's step
+    rejected_argmax = tl.zeros((), tl.int64)
+    target_lse = tl.zeros((), tl.float32)
+    draft_lse = tl.zeros((), tl.float32)
+    verifying = start == start
+    for i in range(num_drafts):
+        row = start + i
+        token = tl.load(draft_sampled_ptr + row + 1).to(tl.int64)
+        valid = token >= 0
+        token = tl.maximum(token, 0)
+        if not is_greedy and FLY_WINDOW_SIZE == 0:
+            verifying &= valid  # a placeholder ends a random request's verification
+        if verifying:
+            target_argmax = tl.zeros((), tl.int64)
+            can_defer = valid & False
+            accepted = valid & False
+            pos = tl.load(pos_ptr + row)
+            if USE_BLOCK_VERIFICATION:
+                u = tl_rand32(spec_step_seed(seed, i), pos, includes_zero=False)
+            else:
+                u = tl_rand32(seed, pos, includes_zero=False)
+            if is_greedy:
+                target_argmax = _global_target_argmax(target_local_max_ptr, target_local_max_stride,
+                                                      target_local_argmax_ptr, target_local_argmax_stride, row,
+                                                      vocab_num_blocks)
+                if SYNTHETIC_MODE:
+                    accepted = u < tl.load(synthetic_conditional_rates_ptr + i)
+                else:
+                    accepted = target_argmax == token
+                accepted &= valid
+                if FLY_WINDOW_SIZE > 0:
+                    x = tl.load(target_logits_ptr + row * target_logits_stride + token, mask=valid,
+                                other=float("-inf")).to(tl.float32)
+                    can_defer = valid & (x > float("-inf"))
+            elif USE_BLOCK_VERIFICATION:
+                ratio = exp32(tl.load(cumulative_log_p_ptr + row))  # the joint ratio after this step
+                nxt = tl.load(draft_sampled_ptr + row + 2, mask=i < num_drafts - 1, other=-1).to(tl.int64)
+                h = ratio
+                if nxt >= 0:
+                    mass = _residual_mass(local_residual_mass_ptr, local_residual_mass_stride, ratio, target_logits_ptr,
+                                          target_logits_stride, target_local_max_ptr, target_local_max_stride,
+                                          target_local_sumexp_ptr, target_local_sumexp_stride, nxt, row + 1,
+                                          vocab_num_blocks, HAS_DRAFT_LOGITS)
+                    denom = mass + 1.0 - ratio
+                    h = tl.where(denom > 0.0, tl.math.div_rn(mass, denom), 1.0)
+                # No early exit: a later step's accept takes the whole block up to it.
+                accepted_length = tl.where(u <= h, i + 1, accepted_length)
+                tl.store(sampled_ptr + req_idx * sampled_stride + i, token)
+            else:
+                lp, lq, step_target_lse, step_draft_lse = _log_probs(
+                    token, valid, row, slot, i, temp, target_logits_ptr, target_logits_stride, target_local_max_ptr,
+                    target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride, draft_logits_ptr,
+                    draft_logits_stride_0, draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
+                    draft_local_sumexp_ptr, draft_local_sumexp_stride, vocab_num_blocks, HAS_DRAFT_LOGITS)
+                if FLY_WINDOW_SIZE == 0 or pending < 0:
+                    target_lse = step_target_lse
+                    draft_lse = step_draft_lse
+                if SYNTHETIC_MODE:
+                    accepted = u < tl.load(synthetic_conditional_rates_ptr + i)
+                else:
+                    # p(d) > u * q(d), strictly, in the log domain.
+                    accepted = lp > log32(u) + lq
+                if FLY_WINDOW_SIZE > 0:
+                    accepted &= valid
+                    can_defer = valid & (lp > float("-inf")) & (lq > float("-inf"))
+            if not USE_BLOCK_VERIFICATION or is_greedy:
+                if FLY_WINDOW_SIZE > 0:
+                    if pending >= 0:
+                        # Only an accepted draft confirms a deferred rejection; FLY_WINDOW_SIZE of them do.
+                        verifying = accepted
+                        if accepted and i - pending == FLY_WINDOW_SIZE:
+                            accepted_length = i + 1
+                            pending = tl.full((), -1, tl.int64)
+                    elif accepted:
+                        accepted_length = i + 1
+                    else:
+                        rejected_argmax = target_argmax
+                        entropy = tl.load(fly_entropy_ptr + row)
+                        verifying = can_defer & (i + FLY_WINDOW_SIZE < num_drafts) & (entropy >= fly_entropy_threshold)
+                        if verifying:
+                            pending = i
+                    tl.store(sampled_ptr + req_idx * sampled_stride + i, token)
+                else:
+                    verifying = accepted
+                    accepted_length += accepted
+                    tl.store(sampled_ptr + req_idx * sampled_stride + i,
+                             tl.where(is_greedy and not accepted, target_argmax, token))
+    if FLY_WINDOW_SIZE > 0:
+        if is_greedy and accepted_length < num_drafts:
+            tl.store(sampled_ptr + req_idx * sampled_stride + accepted_length, rejected_argmax)
+    tl.store(rejected_steps_ptr + req_idx, accepted_length)
+    if USE_BLOCK_VERIFICATION:
+        if not is_greedy and accepted_length < num_drafts:
+            rejected = start + accepted_length
+            target_lse = _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
+                                    target_local_sumexp_stride, rejected, vocab_num_blocks)
+            if HAS_DRAFT_LOGITS:
+                draft_lse = _logsumexp(draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr,
+                                       draft_local_sumexp_stride, rejected, vocab_num_blocks)
+    tl.store(target_rejected_logsumexp_ptr + req_idx, target_lse)
+    tl.store(draft_rejected_logsumexp_ptr + req_idx, draft_lse)

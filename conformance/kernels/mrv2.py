@@ -14,6 +14,7 @@ bonus row. The integer kernels here prepare and flatten that layout:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from conformance.contract import (
     constexpr,
     power_of_two,
     ptr,
+    real,
     require,
     require_fits,
     require_length,
@@ -45,6 +47,7 @@ K12 = "_flatten_sampled_kernel"
 K13 = "_compute_local_logits_stats_kernel"
 K14 = "_compute_cumulative_log_p_kernel"
 K15 = "_compute_local_residual_mass_kernel"
+K16 = "_rejection_kernel"
 K18 = "_insert_resampled_kernel"
 # C29: tile sums are exact sums of terms truncated to multiples of 2^-46; a tile of at most 2^16
 # terms in [0, 1] then fits int64.
@@ -544,6 +547,205 @@ LOCAL_RESIDUAL_MASS = KernelSpec(
 )
 
 
+# -- K16 -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One request as K16 and K17 walk it: logits rows ``start .. start + drafts`` (the last its
+    bonus row), state slot ``slot``, temperature ``temp`` (float32; 0 is greedy)."""
+
+    index: int
+    slot: int
+    start: int
+    drafts: int
+    temp: float
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp == 0.0
+
+
+def requests(a: Mapping[str, Any]) -> list[Request]:
+    cu = a["cu_num_logits_ptr"].to(I64).tolist()
+    slots = a["idx_mapping_ptr"].to(I64).tolist()
+    temp = a["temp_ptr"]
+    return [Request(r, slots[r], cu[r], cu[r + 1] - cu[r] - 1, float(temp[slots[r]])) for r in range(len(cu) - 1)]
+
+
+def _rejection_preconditions(a: Mapping[str, Any]) -> None:
+    k = K16
+    fly, synthetic, block = a["FLY_WINDOW_SIZE"], a["SYNTHETIC_MODE"], a["USE_BLOCK_VERIFICATION"]
+    at_least(k, "FLY_WINDOW_SIZE", fly, 0)
+    require(not (synthetic and block), k, "USE_BLOCK_VERIFICATION",
+            "excludes SYNTHETIC_MODE (rejection_sample asserts it)")
+    require(not (fly and (synthetic or block)), k, "FLY_WINDOW_SIZE",
+            "must be 0 with SYNTHETIC_MODE or USE_BLOCK_VERIFICATION (rejection_sample asserts it)")
+    has_draft = a["HAS_DRAFT_LOGITS"]
+    residual = a["local_residual_mass_ptr"] is not None
+    require(residual == (block and has_draft), k, "local_residual_mass_ptr",
+            "must be a tensor exactly with USE_BLOCK_VERIFICATION and draft logits (K15's output), else None")
+    cu = _request_offsets(k, a)
+    nr = len(cu) - 1
+    for row, end in zip(cu[:-1], cu[1:]):
+        require(end > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
+    require_length(k, "idx_mapping_ptr", a["idx_mapping_ptr"], nr)
+    nb = _padded_blocks(k, a)
+    for name in ("rejected_steps_ptr", "target_rejected_logsumexp_ptr", "draft_rejected_logsumexp_ptr"):
+        require_length(k, name, a[name], nr)
+    if nr == 0:
+        return
+    slots = a["idx_mapping_ptr"][:nr].to(I64)
+    _temperatures(k, a, slots, "idx_mapping_ptr")
+    require(int(slots.max()) < a["seed_ptr"].numel(), k, "idx_mapping_ptr",
+            f"must hold state slots in [0, {a['seed_ptr'].numel()}) (seed_ptr's length)")
+    nl = cu[-1]
+    for name in ("draft_sampled_ptr", "pos_ptr"):
+        require_length(k, name, a[name], nl)
+    reqs = requests(a)
+    widest = max(q.drafts for q in reqs)
+    if widest == 0:
+        return
+    at_least(k, "sampled_stride", a["sampled_stride"], widest)  # requests write disjoint cells
+    last = max(q.index * a["sampled_stride"] + q.drafts - 1 for q in reqs if q.drafts)
+    require(last < a["sampled_ptr"].numel(), k, "sampled_ptr",
+            f"must hold flat index {last} (row stride {a['sampled_stride']}): every request's drafts")
+    if synthetic:
+        require_length(k, "synthetic_conditional_rates_ptr", a["synthetic_conditional_rates_ptr"], widest)
+    if fly:
+        require_length(k, "fly_entropy_ptr", a["fly_entropy_ptr"], nl)
+    tokens = a["draft_sampled_ptr"][:nl].to(I64)
+    sampled = a["sampled_ptr"]
+    for v in (int(tokens.min()), int(tokens.max())):
+        if v >= 0:
+            require_fits(k, "draft_sampled_ptr", v, "sampled_ptr", sampled)
+    greedy_rows = [q.start + i for q in reqs if q.greedy for i in range(q.drafts)]
+    if greedy_rows:
+        rows_t = torch.tensor(greedy_rows, dtype=I64)
+        for stat in ("max", "argmax"):
+            at_least(k, f"target_local_{stat}_stride", a[f"target_local_{stat}_stride"], 0)
+            _need_cells(k, f"target_local_{stat}_ptr", a[f"target_local_{stat}_ptr"], rows_t,
+                        a[f"target_local_{stat}_stride"], nb)
+        cols = torch.arange(nb)
+        argmax = a["target_local_argmax_ptr"].reshape(-1)[rows_t[:, None] * a["target_local_argmax_stride"] + cols]
+        for v in (int(argmax.min()), int(argmax.max())):
+            require_fits(k, "target_local_argmax_ptr", v, "sampled_ptr", sampled)
+    # What the random requests may read, whichever steps their draws verify.
+    random = [q for q in reqs if not q.greedy and q.drafts]
+    rows = [q.start + i for q in random for i in range(q.drafts)]
+    if rows:
+        rows_t = torch.tensor(rows, dtype=I64)
+        _need_stats(k, a, "target", rows_t, nb)
+        if has_draft:
+            _need_stats(k, a, "draft", rows_t, nb)
+    # Tokens whose logits are read (flat: row * stride + token, C4): every valid draft of a random
+    # request (its step's log-ratio, or the next step's one-hot residual mass), and of a greedy one
+    # under FLy (can it defer?).
+    read = [(q, i, int(tokens[q.start + i + 1])) for q in reqs if not q.greedy or fly for i in range(q.drafts)]
+    read = [(q, i, d) for q, i, d in read if d >= 0]
+    if read:
+        at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
+        _float_cells(k, "target_logits_ptr", a["target_logits_ptr"],
+                     [(q.start + i) * a["target_logits_stride"] + d for q, i, d in read], 1)
+        places = [(q.slot, i, d) for q, i, d in read if not q.greedy and not block]
+        if has_draft and places:
+            t = torch.tensor([q.temp for q, _, _ in read if not q.greedy and not block], dtype=F32)
+            _need_draft_cells(k, a, places, t, 1)
+    if block and random:
+        require_length(k, "cumulative_log_p_ptr", a["cumulative_log_p_ptr"], nl)
+        ratio = a["cumulative_log_p_ptr"][rows_t]
+        require(bool((ratio <= 0).all()), k, "cumulative_log_p_ptr",
+                "must hold log-ratios <= 0 (K14's running min(., 0)), no NaN, at the random requests' draft rows")
+        if has_draft:
+            ahead = torch.tensor([q.start + i for q in random for i in range(1, q.drafts)], dtype=I64)
+            at_least(k, "local_residual_mass_stride", a["local_residual_mass_stride"], 0)
+            _need_cells(k, "local_residual_mass_ptr", a["local_residual_mass_ptr"], ahead, a["local_residual_mass_stride"], nb)
+            if ahead.numel():
+                mass = a["local_residual_mass_ptr"].reshape(-1)[ahead[:, None] * a["local_residual_mass_stride"] + torch.arange(nb)]
+                require(bool(((mass >= 0) & torch.isfinite(mass)).all()), k, "local_residual_mass_ptr",
+                        "must hold finite masses >= 0 (K15's) at the rows read")
+
+
+def _rejection_rule(a: Mapping[str, Any], output: str, index: int, kind: str) -> str:
+    if a["USE_BLOCK_VERIFICATION"]:
+        return "MRV2 block verification"
+    if a["FLY_WINDOW_SIZE"]:
+        return "MRV2 FLy window"
+    return "MRV2 synthetic acceptance" if a["SYNTHETIC_MODE"] else "MRV2 acceptance test"
+
+
+def _explain_rejection(a: Mapping[str, Any], output: str, index: int) -> str:
+    r = index // (a["sampled_stride"] or 1) if output == "sampled_ptr" else index
+    reqs = requests(a)
+    if r >= len(reqs):
+        return f"cell {index} lies past every request: it must stay untouched"
+    q = reqs[r]
+    tokens = a["draft_sampled_ptr"].reshape(-1)[q.start + 1 : q.start + q.drafts + 1].tolist()
+    return (f"request {r}: slot {q.slot}, temperature {q.temp}, seed {item(a['seed_ptr'], q.slot)}, rows {q.start}.."
+            f"{q.start + q.drafts}, drafts {tokens}")
+
+
+def _optional_f32(name: str, doc: str) -> Any:
+    return ptr(name, (F32,), F32, doc, optional=True)
+
+
+REJECTION = KernelSpec(
+    name=K16,
+    family="mrv2",
+    qualname=f"{_UTILS}.{K16}",
+    params=(
+        ptr("sampled_ptr", INT, I64, "[R, K+1] out: each verified step's token (greedy: the target argmax at a "
+            "rejection)", role=Role.OUT, ndim=(1, 2)),
+        scalar("sampled_stride", "row stride of sampled"),
+        ptr("rejected_steps_ptr", INT, I32, "[R] out: the accepted drafts (the step resampled next)", role=Role.OUT),
+        ptr("target_rejected_logsumexp_ptr", (F32,), F32, "[R] out: the target log-sum-exp K17 resamples with",
+            role=Role.OUT),
+        ptr("draft_rejected_logsumexp_ptr", (F32,), F32, "[R] out: the draft log-sum-exp (0 for one-hot drafts)",
+            role=Role.OUT),
+        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
+        scalar("target_logits_stride"),
+        ptr("target_local_argmax_ptr", INT, I64, "[NL, NB] greedy rows: each tile's argmax (K13)", ndim=(1, 2)),
+        scalar("target_local_argmax_stride"),
+        *_stats_params("target"),
+        ptr("draft_sampled_ptr", INT, I32, "[NL] row i + 1 holds draft i; -1 is a placeholder"),
+        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
+            optional=True, ndim=(3,)),
+        scalar("draft_logits_stride_0"),
+        scalar("draft_logits_stride_1"),
+        *_stats_params("draft"),
+        ptr("cu_num_logits_ptr", INT, I32, "[R+1] exclusive row offsets"),
+        ptr("idx_mapping_ptr", INT, I64, "[R] the state slot of each request"),
+        ptr("temp_ptr", (F32,), F32, "[max_num_reqs] temperature per slot; 0 is greedy"),
+        ptr("seed_ptr", (I64,), I64, "[max_num_reqs] seed per slot"),
+        ptr("pos_ptr", INT, I64, "[NL] the row's position: the uniform's Philox offset"),
+        _optional_f32("synthetic_conditional_rates_ptr", "[K] SYNTHETIC_MODE: the acceptance rate per step, or None"),
+        _optional_f32("cumulative_log_p_ptr", "[NL] block verification: K14's running log-ratio, or None"),
+        ptr("local_residual_mass_ptr", (F32,), F32, "[NL, NB] block verification with draft logits: K15's output",
+            optional=True, ndim=(1, 2)),
+        scalar("local_residual_mass_stride"),
+        _optional_f32("fly_entropy_ptr", "[NL] FLy: the target's entropy per row, or None"),
+        real("fly_entropy_threshold", "FLy defers a rejection only at an entropy at least this (float32)"),
+        scalar("vocab_num_blocks", "NB"),
+        constexpr("PADDED_VOCAB_NUM_BLOCKS", "next power of two of NB"),
+        constexpr("HAS_DRAFT_LOGITS", "draft_logits_ptr is a tensor"),
+        constexpr("SYNTHETIC_MODE", "accept with the synthetic rates instead of the test"),
+        constexpr("USE_BLOCK_VERIFICATION", "block verification (Sun et al., 2024)"),
+        constexpr("FLY_WINDOW_SIZE", "FLy: accepted drafts that confirm a deferred rejection (0: off)"),
+    ),
+    grid=lambda a: (max(a["cu_num_logits_ptr"].numel() - 1, 0),),
+    preconditions=_rejection_preconditions,
+    flags=(
+        Flag("HAS_DRAFT_LOGITS", "draft_logits_ptr", lambda x: x is not None, "draft_logits_ptr is a tensor"),
+        Flag("SYNTHETIC_MODE", "synthetic_conditional_rates_ptr", lambda x: x is not None,
+             "synthetic_conditional_rates_ptr is a tensor"),
+        Flag("USE_BLOCK_VERIFICATION", "cumulative_log_p_ptr", lambda x: x is not None, "cumulative_log_p_ptr is a tensor"),
+        Flag("FLY_WINDOW_SIZE", "fly_entropy_ptr", lambda x: x is not None, "positive exactly when fly_entropy_ptr is a tensor"),
+    ),
+    explain=_explain_rejection,
+    rule=_rejection_rule,
+    doc="MRV2: verify each request's drafts (greedy, the strict log-ratio test, synthetic rates, block verification "
+        "or FLy) and keep what the resample needs",
+)
+
+
 # -- K18 -------------------------------------------------------------------------------------------
 def insert_rows(a: Mapping[str, Any]) -> list[tuple[int, int, bool]]:
     """(request, accepted count k, writes) per request: K18 inserts at column k unless the request
@@ -626,4 +828,4 @@ INSERT_RESAMPLED = KernelSpec(
     doc="MRV2: insert each request's resampled (or bonus) token: the winning tile's argmax; count it",
 )
 
-SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, CUMULATIVE_LOG_P, LOCAL_RESIDUAL_MASS, INSERT_RESAMPLED)
+SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, CUMULATIVE_LOG_P, LOCAL_RESIDUAL_MASS, REJECTION, INSERT_RESAMPLED)

@@ -415,3 +415,98 @@ def _residual_cases(draw: st.DrawFn) -> Case:
         PADDED_VOCAB_NUM_BLOCKS=next_power_of_2(nb) * draw(st.sampled_from([1, 1, 2])),
     )
     return Case(contracts.K15, args)
+
+
+def computed_residual(draw: st.DrawFn, sc: Scene, stats: dict[str, object], tokens: torch.Tensor,
+                      cumulative: torch.Tensor) -> torch.Tensor:
+    """K15's output for the scene, from the oracle (zeros where K15 writes nothing)."""
+    from reference import mrv2 as oracle
+
+    lay = sc.lay
+    nb = -(-sc.vocab // sc.block)
+    out = torch.zeros((lay.num_logits, nb))
+    oracle._compute_local_residual_mass_kernel(
+        out, nb, cumulative, sc.target, sc.target.stride(0), **_stats_of(stats, "target"), **draft_args(sc),
+        **_stats_of(stats, "draft"), draft_sampled_ptr=tokens, expanded_idx_mapping_ptr=torch.tensor(lay.row_slot, dtype=I64),
+        expanded_local_pos_ptr=torch.tensor(lay.row_step, dtype=I32), temp_ptr=sc.temp, vocab_size=sc.vocab,
+        num_logits=lay.num_logits, vocab_num_blocks=nb, BLOCK_SIZE=sc.block, PADDED_VOCAB_NUM_BLOCKS=next_power_of_2(nb))
+    return out
+
+
+def likely_drafts(draw: st.DrawFn, g: torch.Generator, sc: Scene) -> torch.Tensor:
+    """``draft_sampled`` whose drafts are often the target's argmax (greedy requests accept them)
+    or drawn from the target distribution (random requests accept them often), with placeholders."""
+    tokens = draft_tokens(draw, g, sc)
+    style = draw(st.sampled_from(["uniform", "argmax", "target"]))
+    event(f"drafts: {style}")
+    if style == "uniform":
+        return tokens
+    x = sc.target[:, : sc.vocab].float()
+    pick = x.argmax(1) if style == "argmax" else torch.multinomial(torch.softmax(x, 1).nan_to_num(1.0), 1, generator=g)[:, 0]
+    keep = (tokens >= 0) & (torch.rand(tokens.shape, generator=g) < 0.8)
+    # Row i + 1 holds the draft verified at row i.
+    shifted = torch.cat([tokens[:1], pick[:-1]])
+    return torch.where(keep, shifted, tokens)
+
+
+# -- K16 -------------------------------------------------------------------------------------------
+@cases_for(contracts.K16)
+def rejection_cases() -> st.SearchStrategy[Case]:
+    return _rejection_cases()
+
+
+@st.composite
+def _rejection_cases(draw: st.DrawFn) -> Case:
+    sc = draw(scenes())
+    lay = sc.lay
+    g = generator(draw(seeds))
+    mode = draw(st.sampled_from(["standard", "synthetic", "block", "fly"]))
+    event(f"verification: {mode}")
+    stats = computed_stats(sc, draw)
+    tokens = likely_drafts(draw, g, sc)
+    nb = -(-sc.vocab // sc.block)
+    cumulative = residual = entropy = rates = None
+    if mode == "block":
+        cumulative = computed_cumulative(draw, sc, stats, tokens)
+        if sc.draft is not None:
+            residual = computed_residual(draw, sc, stats, tokens, cumulative)
+    elif mode == "synthetic":
+        rates = torch.rand(lay.k + draw(st.sampled_from([0, 2])), generator=g)
+    elif mode == "fly":
+        entropy = torch.rand(lay.num_logits, generator=g)
+    threshold = draw(st.sampled_from([0.3, 0.0, 0.5, 1.5]))
+    r = lay.requests
+    width = lay.k + 1 + draw(st.sampled_from([0, 0, 2]))
+    args = dict(
+        sampled_ptr=torch.zeros((r, width), dtype=draw(st.sampled_from([I64, I64, I32]))),
+        sampled_stride=width,
+        rejected_steps_ptr=torch.zeros(r + padding(draw), dtype=draw(int_dtypes)),
+        target_rejected_logsumexp_ptr=torch.zeros(r),
+        draft_rejected_logsumexp_ptr=torch.zeros(r),
+        target_logits_ptr=sc.target,
+        target_logits_stride=sc.target.stride(0),
+        target_local_argmax_ptr=stats["target_local_argmax_ptr"],
+        target_local_argmax_stride=stats["target_local_argmax_stride"],
+        **_stats_of(stats, "target"),
+        draft_sampled_ptr=tokens.to(draw(int_dtypes)),
+        **draft_args(sc),
+        **_stats_of(stats, "draft"),
+        cu_num_logits_ptr=torch.tensor(lay.cu, dtype=I64).to(draw(int_dtypes)),
+        idx_mapping_ptr=torch.tensor(lay.slots, dtype=I64).to(draw(wide_dtypes)),
+        temp_ptr=sc.temp,
+        seed_ptr=sc.seed,
+        pos_ptr=torch.randint(0, 2**40, (lay.num_logits,), generator=g).to(draw(wide_dtypes)),
+        synthetic_conditional_rates_ptr=rates,
+        cumulative_log_p_ptr=cumulative,
+        local_residual_mass_ptr=residual,
+        local_residual_mass_stride=0 if residual is None else residual.stride(0),
+        fly_entropy_ptr=entropy,
+        fly_entropy_threshold=threshold,
+        vocab_num_blocks=nb,
+        PADDED_VOCAB_NUM_BLOCKS=next_power_of_2(nb) * draw(st.sampled_from([1, 1, 2])),
+        HAS_DRAFT_LOGITS=sc.draft is not None,
+        SYNTHETIC_MODE=mode == "synthetic",
+        USE_BLOCK_VERIFICATION=mode == "block",
+        FLY_WINDOW_SIZE=draw(st.integers(1, 3)) if mode == "fly" else 0,
+    )
+    return Case(contracts.K16, args)
