@@ -104,6 +104,18 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
     return False
 
 
+def _near_resample_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
+    """K17's tile (of ``index``) has a runner-up score within 1e-5 (relative, at least absolute) of its
+    winner: float32 noise from another log, or another rounding of the residual, may pick it."""
+    from conformance.kernels import mrv2
+    from reference import mrv2 as oracle
+
+    r, b = divmod(index, max(a[output.removesuffix("_ptr") + "_stride"], 1))
+    scores = oracle.resample_scores(dict(a), mrv2.resamples(a)[r])[b].double()
+    top = scores.topk(2).values if scores.numel() > 1 else scores
+    return bool(torch.isfinite(top).all()) and float(top[0] - top[-1]) <= 1e-5 * max(1.0, abs(float(top[0])))
+
+
 def _outputs(*names: str) -> Callable[[Mapping[str, Any], str, int], bool]:
     return lambda a, output, index: output in names
 
@@ -151,6 +163,18 @@ DEPARTURES: tuple[Departure, ...] = (
         "acceptance tests compare C29 log-probabilities (or block verification's h) with the uniform's threshold; "
         "vLLM's float32 exp, log and sums may decide otherwise within 1e-5 of it",
         _near_acceptance_threshold,
+    ),
+    Departure(
+        "C29", ("_resample_kernel",), None,
+        "resample scores add noise from C29's correctly rounded logs to C29 residuals; vLLM's float32 exp, log "
+        "and log1p move them in the last bits (within 1e-5 relative, 1e-6 absolute)",
+        _outputs("resampled_local_max_ptr"), _within(1e-5, 1e-6),
+    ),
+    Departure(
+        "C29", ("_resample_kernel",), None,
+        "a tile whose two best scores lie within 1e-5 of each other may crown either under vLLM's float32 "
+        "exp, log and log1p",
+        _near_resample_tie,
     ),
     Departure(
         "C6", ("_compute_local_logits_stats_kernel",), ("compiled",),

@@ -20,7 +20,7 @@ from cpu_impl import _C
 
 # Must match csrc/common.h.
 DTYPE_CODES = {torch.int32: 0, torch.int64: 1, torch.float32: 2, torch.float64: 3, torch.bool: 4, torch.bfloat16: 5,
-               torch.float16: 6}
+               torch.float16: 6, torch.uint8: 7}
 _LAUNCHED = _C.Launcher.LAUNCHED
 
 

@@ -51,7 +51,7 @@ inline bool prefetch_streams() {
 }
 
 // Must match cpu_impl/launcher.py.
-enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4, kBFloat16 = 5, kFloat16 = 6 };
+enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4, kBFloat16 = 5, kFloat16 = 6, kUInt8 = 7 };
 
 struct Buffer {
   std::uintptr_t ptr;

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -25,6 +27,7 @@ constexpr const char* kInsert = "_insert_resampled_kernel";
 constexpr const char* kCumulative = "_compute_cumulative_log_p_kernel";
 constexpr const char* kResidual = "_compute_local_residual_mass_kernel";
 constexpr const char* kRejection = "_rejection_kernel";
+constexpr const char* kResample = "_resample_kernel";
 constexpr std::int64_t kMaxBlock = 1 << 16;  // C29: a tile's exact sum fits int64
 constexpr double kSumScale = 0x1p46;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -833,6 +836,168 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
   });
 }
 
+// -- K17 ---------------------------------------------------------------------------------------------
+void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max, std::int64_t out_max_stride, Buffer target,
+              std::int64_t target_stride, Buffer target_lse, Buffer draft, std::int64_t draft_stride_0,
+              std::int64_t draft_stride_1, Buffer draft_lse, Buffer rejected_step, Buffer cu_num_logits,
+              Buffer expanded_idx_mapping, Buffer draft_sampled, Buffer temp, Buffer seed_buf, Buffer pos_buf,
+              Buffer cumulative, Buffer contexts, std::int64_t /*contexts_stride*/, Buffer watermarking,
+              Buffer skip_mask, std::int64_t /*key_0*/, std::int64_t /*key_1*/, std::int64_t vocab, std::int64_t block,
+              bool has_draft, bool fp64, bool use_block, std::int64_t context_width, bool watermark, bool dedup) {
+  const char* k = kResample;
+  if (watermark || dedup) fail(k, "WATERMARK", "must be False: the watermark branch is not specified yet (issue #12 defers it)");
+  if (contexts.present()) fail(k, "contexts_ptr", "must be None without WATERMARK");
+  if (watermarking.present()) fail(k, "watermarking_ptr", "must be None without WATERMARK");
+  if (skip_mask.present()) fail(k, "watermarking_skip_mask_ptr", "must be None without WATERMARK");
+  need_at_least(k, "CONTEXT_WIDTH", context_width, 1);
+  need_at_least(k, "vocab_size", vocab, 1);
+  need_power_of_two(k, "BLOCK_SIZE", block);
+  if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
+  if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
+  if (fp64 != (out_max.dtype == kFloat64)) fail(k, "USE_FP64", "must be True exactly when resampled_local_max_ptr is float64");
+  if (use_block != cumulative.present())
+    fail(k, "USE_BLOCK_VERIFICATION", "must be True exactly when cumulative_log_p_ptr is a tensor");
+  const std::int64_t nb = vocab / block + (vocab % block != 0);
+  const std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
+  const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
+  for (std::int64_t r = 0; r < reqs; ++r)
+    if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
+  const std::vector<std::int64_t> steps = load_ints(k, "rejected_step_ptr", rejected_step, reqs);
+  if (reqs == 0) return;
+  for (std::int64_t r = 0; r < reqs; ++r)
+    if (steps[r] < 0 || steps[r] > cu[r + 1] - cu[r] - 1)
+      fail(k, "rejected_step_ptr", "must hold accepted counts in [0, drafts]; request " + std::to_string(r) + " has " +
+                                       std::to_string(steps[r]) + " for " + std::to_string(cu[r + 1] - cu[r] - 1) + " drafts");
+  const std::int64_t nl = cu.back();
+  const std::vector<std::int64_t> slot_of = load_ints(k, "expanded_idx_mapping_ptr", expanded_idx_mapping, nl);
+  const std::vector<std::int64_t> tokens = load_ints(k, "draft_sampled_ptr", draft_sampled, nl);
+  const std::vector<std::int64_t> pos = load_ints(k, "pos_ptr", pos_buf, nl);
+  std::vector<std::int64_t> rows(reqs), slots(reqs);
+  for (std::int64_t r = 0; r < reqs; ++r) {
+    rows[r] = cu[r] + steps[r];
+    slots[r] = slot_of[rows[r]];
+  }
+  const std::vector<float> t = temperatures(k, temp, slots);
+  if (seed_buf.dtype != kInt64) throw py::type_error(std::string(k) + ": 'seed_ptr' must be int64");
+  for (const std::int64_t s : slots)
+    if (s >= seed_buf.numel)
+      fail(k, "expanded_idx_mapping_ptr",
+           "must hold state slots in [0, " + std::to_string(seed_buf.numel) + ") (seed_ptr's length)");
+  // Writers: random requests, and greedy ones at their bonus row. A residual request takes its
+  // rejected draft's distribution out of the target's.
+  std::vector<std::int64_t> writers, residual, target_at, draft_at;
+  std::vector<float> residual_t;
+  std::vector<char> bonus(reqs), takes_draft(reqs);
+  for (std::int64_t r = 0; r < reqs; ++r) {
+    bonus[r] = rows[r] == cu[r + 1] - 1;
+    if (t[r] == 0.0f && !bonus[r]) continue;
+    writers.push_back(r);
+    takes_draft[r] = t[r] != 0.0f && !bonus[r] && tokens[rows[r] + 1] >= 0;
+    if (takes_draft[r] && has_draft) residual.push_back(r);
+  }
+  if (writers.empty()) return;
+  if (out_argmax.dtype == kInt32 && vocab - 1 > std::numeric_limits<std::int32_t>::max())
+    fail(k, "vocab_size", "must fit resampled_local_argmax_ptr's int32, got " + std::to_string(vocab - 1));
+  need_at_least(k, "resampled_local_argmax_stride", out_argmax_stride, 0);
+  need_cells(k, "resampled_local_argmax_ptr", out_argmax, writers, out_argmax_stride, nb);
+  need_at_least(k, "resampled_local_max_stride", out_max_stride, 0);
+  need_cells(k, "resampled_local_max_ptr", out_max, writers, out_max_stride, nb);
+  need_at_least(k, "target_logits_stride", target_stride, 0);
+  for (const std::int64_t r : writers) target_at.push_back(flat_index(rows[r], target_stride, 0));
+  with_logits(k, "target_logits_ptr", target.dtype,
+              [&](auto t_) { need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_at, vocab); });
+  if (!residual.empty()) {
+    for (const auto& [name, b] : {std::pair<const char*, const Buffer*>{"target_rejected_logsumexp_ptr", &target_lse},
+                                  {"draft_rejected_logsumexp_ptr", &draft_lse}}) {
+      need_len(k, name, *b, reqs);
+      if (b->dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + name + "' must be float32");
+      for (const std::int64_t r : residual)
+        if (!std::isfinite(b->as<float>()[r]))
+          fail(k, name, "must hold finite log-sum-exps (K16's) for the requests resampled");
+    }
+    need_at_least(k, "draft_logits_stride_0", draft_stride_0, 0);
+    need_at_least(k, "draft_logits_stride_1", draft_stride_1, 0);
+    for (const std::int64_t r : residual) {
+      draft_at.push_back(draft_offset(slots[r], draft_stride_0, steps[r], draft_stride_1, 0));
+      residual_t.push_back(t[r]);
+    }
+    with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+      using D = decltype(d_);
+      need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
+      for (std::size_t j = 0; j < draft_at.size(); ++j)
+        for (std::int64_t c = 0; c < vocab; ++c)
+          if (to_float(draft.as<D>()[draft_at[j] + c]) / residual_t[j] == std::numeric_limits<float>::infinity())
+            fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+    });
+    if (use_block) {
+      std::int64_t last = -1;
+      for (const std::int64_t r : residual)
+        if (steps[r] > 0) last = std::max(last, rows[r] - 1);
+      if (last >= 0) {
+        need_len(k, "cumulative_log_p_ptr", cumulative, last + 1);
+        if (cumulative.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+        for (const std::int64_t r : residual)
+          if (steps[r] > 0 && !(cumulative.as<float>()[rows[r] - 1] <= 0.0f))
+            fail(k, "cumulative_log_p_ptr",
+                 "must hold log-ratios <= 0 (K14's running min(., 0)), no NaN, at the rows before those resampled");
+      }
+    }
+  }
+  with_int(k, "resampled_local_argmax_ptr", out_argmax.dtype, [&](auto a_) {
+  with_float(k, "resampled_local_max_ptr", out_max.dtype, [&](auto m_) {
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+  with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
+    using A = decltype(a_);
+    using M = decltype(m_);
+    using T = decltype(t_);
+    using D = decltype(d_);
+    const std::int64_t cells = static_cast<std::int64_t>(writers.size()) * nb;
+    py::gil_scoped_release nogil;
+#pragma omp parallel for if (cells * block >= (1 << 16)) schedule(static)
+    for (std::int64_t c = 0; c < cells; ++c) {
+      const std::int64_t r = writers[static_cast<std::size_t>(c / nb)], b = c % nb, lo = b * block;
+      const std::int64_t n = std::min(block, vocab - lo), row = rows[r], seed = seed_buf.as<std::int64_t>()[slots[r]];
+      const T* x = target.as<T>() + row * target_stride + lo;
+      const D* y = has_draft ? draft.as<D>() + slots[r] * draft_stride_0 + steps[r] * draft_stride_1 + lo : nullptr;
+      const float lse_t = takes_draft[r] && has_draft ? target_lse.as<float>()[r] : 0.0f;
+      const float lse_d = takes_draft[r] && has_draft ? draft_lse.as<float>()[r] : 0.0f;
+      const float shift = use_block && takes_draft[r] && has_draft && steps[r] > 0 ? cumulative.as<float>()[row - 1] : 0.0f;
+      M best = -std::numeric_limits<M>::infinity();
+      std::int64_t arg = 0;
+      for (std::int64_t q = 0; q < n; ++q) {
+        float v = to_float(x[q]) + 0.0f;  // -0.0 reads as +0.0 (C30)
+        if (takes_draft[r] && has_draft) {
+          float lp = v - lse_t;
+          if (use_block && steps[r] > 0) lp = lp + shift;  // the block residual scales p by the joint ratio
+          const float lq = (to_float(y[q]) + 0.0f) / t[r] - lse_d;
+          // log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
+          const float ratio = gumbel::exp32(lq - lp);
+          v = ratio < 1.0f ? lp + gumbel::log1p32(-ratio) : kNegInf;
+        } else if (takes_draft[r] && lo + q == tokens[row + 1]) {
+          v = kNegInf;  // a one-hot draft: the target without it
+        }
+        M score = static_cast<M>(v);
+        if (t[r] != 0.0f) {
+          const auto key = static_cast<std::uint32_t>(lo + q);
+          if constexpr (std::is_same_v<M, double>)
+            score = score + gumbel::gumbel64(gumbel::murmur3_uniform64(seed, pos[row], key));
+          else
+            score = score + gumbel::gumbel32(gumbel::murmur3_uniform32(seed, pos[row], key));
+        }
+        if (q == 0 || score > best) {  // the first index of the maximum (all -inf: index 0)
+          best = score;
+          arg = q;
+        }
+      }
+      out_argmax.as<A>()[r * out_argmax_stride + b] = static_cast<A>(lo + arg);
+      out_max.as<M>()[r * out_max_stride + b] = best;
+    }
+  });
+  });
+  });
+  });
+}
+
 // -- K18 ---------------------------------------------------------------------------------------------
 void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sampled, Buffer local_argmax,
                       std::int64_t local_argmax_stride, Buffer local_max, std::int64_t local_max_stride, std::int64_t nb,
@@ -915,6 +1080,7 @@ void register_mrv2(py::module_& m) {
   def_kernel<&cumulative_log_p>(m, "_compute_cumulative_log_p");
   def_kernel<&local_residual_mass>(m, "_compute_local_residual_mass");
   def_kernel<&rejection>(m, "_rejection");
+  def_kernel<&resample>(m, "_resample");
 }
 
 }  // namespace specdiff

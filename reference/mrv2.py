@@ -397,3 +397,84 @@ def _rejection_kernel(
                 draft_lse = contracts.row_logsumexp(a, "draft", rejected, nb)
         target_rejected_logsumexp_ptr[q.index] = target_lse
         draft_rejected_logsumexp_ptr[q.index] = draft_lse
+
+
+def _resample_kernel(
+    resampled_local_argmax_ptr: torch.Tensor,
+    resampled_local_argmax_stride: int,
+    resampled_local_max_ptr: torch.Tensor,
+    resampled_local_max_stride: int,
+    target_logits_ptr: torch.Tensor,
+    target_logits_stride: int,
+    target_rejected_logsumexp_ptr: torch.Tensor,
+    draft_logits_ptr: torch.Tensor | None,
+    draft_logits_stride_0: int,
+    draft_logits_stride_1: int,
+    draft_rejected_logsumexp_ptr: torch.Tensor,
+    rejected_step_ptr: torch.Tensor,
+    cu_num_logits_ptr: torch.Tensor,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    draft_sampled_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    seed_ptr: torch.Tensor,
+    pos_ptr: torch.Tensor,
+    cumulative_log_p_ptr: torch.Tensor | None,
+    contexts_ptr: torch.Tensor | None,
+    contexts_stride: int,
+    watermarking_ptr: torch.Tensor | None,
+    watermarking_skip_mask_ptr: torch.Tensor | None,
+    watermark_key_0: int,
+    watermark_key_1: int,
+    vocab_size: int,
+    BLOCK_SIZE: int,
+    HAS_DRAFT_LOGITS: bool,
+    USE_FP64: bool,
+    USE_BLOCK_VERIFICATION: bool,
+    CONTEXT_WIDTH: int,
+    WATERMARK: bool,
+    DEDUPLICATE_CONTEXTS: bool,
+) -> None:
+    a = locals()
+    contracts.RESAMPLE.check(a)
+    nb = -(-vocab_size // BLOCK_SIZE)
+    for q in contracts.resamples(a):
+        if not q.writes:
+            continue  # greedy, rejected at a draft: K16 stored the target argmax
+        scores = resample_scores(a, q)
+        best = scores.argmax(-1)  # the first index of each tile's maximum
+        at = q.index * resampled_local_argmax_stride
+        resampled_local_argmax_ptr.view(-1)[at : at + nb] = (torch.arange(nb) * BLOCK_SIZE + best).to(resampled_local_argmax_ptr.dtype)
+        at = q.index * resampled_local_max_stride
+        resampled_local_max_ptr.view(-1)[at : at + nb] = scores.gather(1, best[:, None])[:, 0].to(resampled_local_max_ptr.dtype)
+
+
+def resample_scores(a: dict, q: contracts.Resample) -> torch.Tensor:
+    """K17's Gumbel-max scores of one request, tile by tile (``[NBr, BLOCK_SIZE]``, -inf past V):
+    the residual log-probabilities (or the target's logits) plus the noise at temperatures above 0."""
+    v, block = a["vocab_size"], a["BLOCK_SIZE"]
+    nb = -(-v // block)
+    cols = torch.arange(nb * block).view(nb, block)
+    x = _tiles(a["target_logits_ptr"].reshape(-1)[q.row * a["target_logits_stride"] :], v, block)
+    if q.residual and a["HAS_DRAFT_LOGITS"]:
+        t = torch.tensor(q.temp, dtype=F32)
+        at = q.slot * a["draft_logits_stride_0"] + q.step * a["draft_logits_stride_1"]
+        y = _tiles(a["draft_logits_ptr"].reshape(-1)[at:], v, block) / t
+        lp = x - a["target_rejected_logsumexp_ptr"][q.index]
+        if a["USE_BLOCK_VERIFICATION"] and q.step > 0:
+            lp = lp + a["cumulative_log_p_ptr"][q.row - 1]  # the block residual scales p by the joint ratio
+        lq = y - a["draft_rejected_logsumexp_ptr"][q.index]
+        # log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
+        ratio = gumbel.exp32(lq - lp)
+        x = torch.where(ratio < 1.0, lp + gumbel.log1p32(-ratio), float("-inf"))
+    elif q.residual:
+        x = torch.where(cols != q.rejected, x, float("-inf"))  # a one-hot draft: the target without it
+    if a["USE_FP64"]:
+        x = x.to(torch.float64)
+    if q.temp != 0.0:
+        seed, pos = a["seed_ptr"][q.slot], a["pos_ptr"][q.row]
+        if a["USE_FP64"]:
+            noise = gumbel.gumbel64(gumbel.murmur3_uniform64(seed, pos, cols))
+        else:
+            noise = gumbel.gumbel32(gumbel.murmur3_uniform32(seed, pos, cols))
+        x = torch.where(cols < v, x + noise, float("-inf"))
+    return x

@@ -615,3 +615,113 @@ def test_invalid_rejection_modes(backend, mode, change, param):
     a = rejection_args([SURE, SURE, [0] * 4, NEVER, SURE, [0] * 4], [[0, 0], [0, 0]], [1.0, 1.0], mode=mode)
     a.update(change)
     _refused(backend, contracts.REJECTION, a, ValueError, param)
+
+
+# -- K17 _resample_kernel --------------------------------------------------------------------------------
+def resample_args(target: list[list[float]], drafts: list[list[int]], steps: list[int], temps: list[float],
+                  fp64: bool = False, draft: list[list[list[float]]] | None = None, block: int = 2) -> dict[str, Any]:
+    """Requests in slots 1, 0, 2 with their drafts, resampled at ``steps``; vocabulary 4 in tiles of
+    ``block``; K16's log-sum-exps fixed at 2 (target) and 1.5 (draft)."""
+    r = len(drafts)
+    cu = [0]
+    for d in drafts:
+        cu.append(cu[-1] + len(d) + 1)
+    slots = [1, 0, 2][:r]
+    nb = 4 // block
+    dl = None if draft is None else f32(draft)
+    return dict(
+        resampled_local_argmax_ptr=torch.full((r, nb), POISON, dtype=I64), resampled_local_argmax_stride=nb,
+        resampled_local_max_ptr=torch.full((r, nb), float("nan"), dtype=torch.float64 if fp64 else torch.float32),
+        resampled_local_max_stride=nb, target_logits_ptr=f32(target), target_logits_stride=4,
+        target_rejected_logsumexp_ptr=f32([2.0] * r), draft_logits_ptr=dl,
+        draft_logits_stride_0=0 if dl is None else dl.stride(0), draft_logits_stride_1=0 if dl is None else dl.stride(1),
+        draft_rejected_logsumexp_ptr=f32([1.5] * r), rejected_step_ptr=i32(steps), cu_num_logits_ptr=i32(cu),
+        expanded_idx_mapping_ptr=i64([slots[q] for q in range(r) for _ in range(len(drafts[q]) + 1)]),
+        draft_sampled_ptr=i32([t for d in drafts for t in [7, *d]]),
+        temp_ptr=f32([temps[slots.index(s)] if s in slots else 1.0 for s in range(3)]), seed_ptr=i64([5, 6, 7]),
+        pos_ptr=i64([40 + i for i in range(cu[-1])]), cumulative_log_p_ptr=None, contexts_ptr=None, contexts_stride=0,
+        watermarking_ptr=None, watermarking_skip_mask_ptr=None, watermark_key_0=0, watermark_key_1=0, vocab_size=4,
+        BLOCK_SIZE=block, HAS_DRAFT_LOGITS=dl is not None, USE_FP64=fp64, USE_BLOCK_VERIFICATION=False, CONTEXT_WIDTH=1,
+        WATERMARK=False, DEDUPLICATE_CONTEXTS=False)
+
+
+def noise32(seed: int, pos: int, col: int) -> float:
+    from reference import gumbel
+
+    return float(gumbel.gumbel32(gumbel.murmur3_uniform32(i64([seed]), i64([pos]), i64([col])))[0])
+
+
+@backends
+@pytest.mark.parametrize("fp64", [False, True], ids=["float32", "float64"])
+def test_golden_resample_greedy(backend, fp64):
+    # Greedy requests: request 0 accepted both drafts (its bonus row 2 is resampled: the plain argmax
+    # per tile, no noise); request 1 was rejected at a draft (K16 stored the argmax): untouched.
+    rows = [[0] * 4, [0] * 4, [3, 5, 5, -INF], [0] * 4, [0] * 4]
+    a = resample_args(rows, [[1, 1], [1]], [2, 0], [0.0, 0.0], fp64=fp64)
+    launch(backend, contracts.RESAMPLE, a)
+    assert a["resampled_local_argmax_ptr"].tolist() == [[1, 2], [P, P]]  # ties: the first index
+    assert cells(a["resampled_local_max_ptr"]) == [[5.0, 5.0], [N, N]]
+    assert a["resampled_local_max_ptr"].dtype == (torch.float64 if fp64 else torch.float32)
+
+
+@backends
+def test_golden_resample_one_hot(backend):
+    # Random requests with one-hot drafts. Token 0 holds (almost) all the mass: request 0 rejected
+    # draft 0 and must resample from the rest; request 1's rejected draft is a placeholder, so its
+    # residual is the target itself and token 0 wins.
+    heavy = [60.0, 0.0, 0.0, 0.0]
+    a = resample_args([[0] * 4, heavy, [0] * 4, heavy, [0] * 4], [[5, 0], [-1]], [1, 0], [1.0, 1.0])
+    launch(backend, contracts.RESAMPLE, a)
+    tokens, scores = a["resampled_local_argmax_ptr"].tolist(), a["resampled_local_max_ptr"].tolist()
+    # Request 0 (slot 1, seed 6, row 1 at position 41): tile 0 is token 1 alone, tile 1 the better of 2, 3.
+    want0 = [noise32(6, 41, c) for c in range(4)]
+    best = 2 if want0[2] >= want0[3] else 3
+    assert tokens[0] == [1, best]
+    assert scores[0] == [f32v(0.0 + want0[1]), f32v(0.0 + want0[best])]
+    assert tokens[1][0] == 0 and scores[1][0] == f32v(60.0 + noise32(5, 43, 0))
+
+
+@backends
+def test_golden_resample_draft_logits(backend):
+    # Target [0, 0, 1, 0] against a uniform draft (log p = x - 2, log q = -1.5): only token 2 has
+    # p > q, so tile 0 is all -inf (index 0) and tile 1 holds token 2's residual plus its noise.
+    a = resample_args([[0] * 4, [0, 0, 1, 0], [0] * 4], [[5, 3]], [1], [1.0], draft=[[[0.0] * 4] * 2] * 2)
+    if (why := BACKENDS[backend].unsupported(contracts.RESAMPLE, a)) is not None:
+        pytest.skip(f"{backend} declares it does not support this case: {why}")
+    launch(backend, contracts.RESAMPLE, a)
+    ratio = f32v(math.exp(f32v(-1.5 - f32v(1.0 - 2.0))))
+    residual = f32v(f32v(1.0 - 2.0) + f32v(math.log1p(-ratio)))
+    want = f32v(residual + noise32(6, 41, 2))
+    assert a["resampled_local_argmax_ptr"].tolist() == [[0, 2]]
+    got = a["resampled_local_max_ptr"].tolist()[0]
+    assert got[0] == -INF
+    if backend == "vllm":  # float32 exp, log1p and noise: the C29 departure
+        assert got[1] == pytest.approx(want, rel=1e-5)
+    else:
+        assert got[1] == want
+
+
+@given(case=cases(contracts.K17))
+def test_conformance_resample(case):
+    run_case(case, BACKEND_NAMES)
+
+
+@cpu_and_reference
+@pytest.mark.parametrize(
+    "change, error, param",
+    [
+        (dict(WATERMARK=True), ValueError, "WATERMARK"),
+        (dict(rejected_step_ptr=i32([3, 0])), ValueError, "rejected_step_ptr"),  # request 0 has 2 drafts
+        (dict(USE_FP64=True), ValueError, "USE_FP64"),  # the scores are float32
+        (dict(seed_ptr=i64([1])), ValueError, "expanded_idx_mapping_ptr"),
+        (dict(resampled_local_max_ptr=torch.zeros((1, 2))), ValueError, "resampled_local_max_ptr"),
+        (dict(target_rejected_logsumexp_ptr=f32([float("nan")] * 2)), ValueError, "target_rejected_logsumexp_ptr"),
+        (dict(BLOCK_SIZE=3), ValueError, "BLOCK_SIZE"),
+        (dict(temp_ptr=f32([1.0, float("inf")])), ValueError, "temp_ptr"),
+        (dict(target_logits_ptr=f32([[0.0, float("nan"), 0, 0]] * 5)), ValueError, "target_logits_ptr"),
+    ],
+)
+def test_invalid_resample(backend, change, error, param):
+    a = resample_args([[0] * 4] * 5, [[5, 0], [1]], [1, 0], [1.0, 1.0], draft=[[[0.0] * 4] * 2] * 2)
+    a.update(change)
+    _refused(backend, contracts.RESAMPLE, a, error, param)

@@ -7,7 +7,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_impl.gumbel import exact_sum, exp32, log32, max_and_sumexp, spec_step_seed, tl_rand32
+from triton_impl.gumbel import (
+    exact_sum,
+    exp32,
+    gumbel32,
+    gumbel64,
+    log1p32,
+    log32,
+    max_and_sumexp,
+    murmur3_uniform32,
+    murmur3_uniform64,
+    spec_step_seed,
+    tl_rand32,
+)
 
 
 @triton.jit
@@ -476,3 +488,88 @@ def _rejection_kernel(
                                        draft_local_sumexp_stride, rejected, vocab_num_blocks)
     tl.store(target_rejected_logsumexp_ptr + req_idx, target_lse)
     tl.store(draft_rejected_logsumexp_ptr + req_idx, draft_lse)
+
+
+@triton.jit
+def _resample_kernel(
+    resampled_local_argmax_ptr,  # [R, NBr] out
+    resampled_local_argmax_stride,
+    resampled_local_max_ptr,  # [R, NBr] out: float32, or float64 with USE_FP64
+    resampled_local_max_stride,
+    target_logits_ptr,
+    target_logits_stride,
+    target_rejected_logsumexp_ptr,  # [R] K16's
+    draft_logits_ptr,
+    draft_logits_stride_0,
+    draft_logits_stride_1,
+    draft_rejected_logsumexp_ptr,  # [R] K16's
+    rejected_step_ptr,  # [R] K16's accepted drafts
+    cu_num_logits_ptr,
+    expanded_idx_mapping_ptr,
+    draft_sampled_ptr,
+    temp_ptr,
+    seed_ptr,
+    pos_ptr,
+    cumulative_log_p_ptr,  # [NL] or None
+    contexts_ptr,  # the watermark branch is deferred: None
+    contexts_stride,
+    watermarking_ptr,
+    watermarking_skip_mask_ptr,
+    watermark_key_0,
+    watermark_key_1,
+    vocab_size,
+    BLOCK_SIZE: tl.constexpr,
+    HAS_DRAFT_LOGITS: tl.constexpr,
+    USE_FP64: tl.constexpr,
+    USE_BLOCK_VERIFICATION: tl.constexpr,
+    CONTEXT_WIDTH: tl.constexpr,
+    WATERMARK: tl.constexpr,
+    DEDUPLICATE_CONTEXTS: tl.constexpr,
+):
+    # Launched as kernel[(R, cdiv(V, BLOCK_SIZE))].
+    req_idx = tl.program_id(0).to(tl.int64)
+    step = tl.load(rejected_step_ptr + req_idx).to(tl.int64)
+    start = tl.load(cu_num_logits_ptr + req_idx).to(tl.int64)
+    end = tl.load(cu_num_logits_ptr + req_idx + 1).to(tl.int64)
+    row = start + step
+    slot = tl.load(expanded_idx_mapping_ptr + row).to(tl.int64)
+    temp = tl.load(temp_ptr + slot).to(tl.float32)
+    is_bonus = row == end - 1
+    if temp == 0.0 and not is_bonus:
+        return  # greedy, rejected at a draft: K16 stored the target argmax
+    rejected = tl.load(draft_sampled_ptr + row + 1, mask=not is_bonus, other=0).to(tl.int64)
+    block_idx = tl.program_id(1).to(tl.int64)
+    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < vocab_size
+    x = tl.load(target_logits_ptr + row * target_logits_stride + cols, mask=mask, other=float("-inf"))
+    x = x.to(tl.float32) + 0.0  # -0.0 reads as +0.0 (C30)
+    if is_bonus or rejected < 0:
+        residual = x
+    elif HAS_DRAFT_LOGITS:
+        y = tl.load(draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1 + cols, mask=mask,
+                    other=float("-inf")).to(tl.float32) + 0.0
+        lp = x - tl.load(target_rejected_logsumexp_ptr + req_idx)
+        if USE_BLOCK_VERIFICATION:
+            if step > 0:
+                lp += tl.load(cumulative_log_p_ptr + row - 1)  # the block residual scales p by the joint ratio
+        lq = tl.math.div_rn(y, temp) - tl.load(draft_rejected_logsumexp_ptr + req_idx)
+        # log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
+        ratio = exp32(lq - lp)
+        residual = tl.where(ratio < 1.0, lp + log1p32(-ratio), float("-inf"))
+    else:
+        residual = tl.where(cols != rejected, x, float("-inf"))  # a one-hot draft: the target without it
+    if USE_FP64:
+        scores = residual.to(tl.float64)
+    else:
+        scores = residual
+    if temp != 0.0:
+        seed = tl.load(seed_ptr + slot)
+        pos = tl.load(pos_ptr + row)
+        if USE_FP64:
+            noise = gumbel64(murmur3_uniform64(seed, pos, cols))
+        else:
+            noise = gumbel32(murmur3_uniform32(seed, pos, cols))
+        scores = tl.where(mask, scores + noise, float("-inf"))
+    value, idx = tl.max(scores, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(resampled_local_argmax_ptr + req_idx * resampled_local_argmax_stride + block_idx, block_idx * BLOCK_SIZE + idx)
+    tl.store(resampled_local_max_ptr + req_idx * resampled_local_max_stride + block_idx, value)

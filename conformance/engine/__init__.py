@@ -141,10 +141,21 @@ CPU_CAPABILITIES = (
 
 # vLLM 0.33.0's K1/K2 mix the loaded id width with int32 in one branch (`.to(tl.int32)` on the
 # argmax, a ternary with the draft id): compiled Triton refuses other id widths (CompilationError).
+def _interpreted_log1p(spec: KernelSpec, a: Any) -> bool:
+    from conformance.kernels import mrv2
+
+    return _triton_mode() == "interpreted" and bool(a["HAS_DRAFT_LOGITS"]) and any(q.residual for q in mrv2.resamples(a))
+
+
 TRITON_CAPABILITIES = (
     Capability(
         "integer dtypes off the call site", None, lambda spec, a: _off_call_site_ints(spec, a),
         "0.33.0's rejection kernels give one variable int32 and int64 types in two branches; compiled Triton refuses that",
+    ),
+    Capability(
+        "libdevice log1p, interpreted", ("_resample_kernel",), _interpreted_log1p,
+        "0.33.0's MRV2 resample takes the draft's distribution out with tldevice.log1p, which Triton's interpreter "
+        "cannot run: compiled only",
     ),
 )
 

@@ -48,6 +48,7 @@ K13 = "_compute_local_logits_stats_kernel"
 K14 = "_compute_cumulative_log_p_kernel"
 K15 = "_compute_local_residual_mass_kernel"
 K16 = "_rejection_kernel"
+K17 = "_resample_kernel"
 K18 = "_insert_resampled_kernel"
 # C29: tile sums are exact sums of terms truncated to multiples of 2^-46; a tile of at most 2^16
 # terms in [0, 1] then fits int64.
@@ -746,6 +747,167 @@ REJECTION = KernelSpec(
 )
 
 
+# -- K17 -------------------------------------------------------------------------------------------
+# C29: float64 noise is each platform's float64 log twice (libdevice on an H100 was 14 ulps from
+# PyTorch); 64 ulps of the largest noise (about 37.4, below 64) is 2^-40.
+NOISE64_RTOL = 2.0**-40
+
+
+@dataclass(frozen=True)
+class Resample:
+    """What K17 resamples for one request: logits row ``row`` (step ``step`` of its drafts, its
+    bonus row when ``bonus``), slot ``slot``, temperature ``temp``, the rejected draft ``rejected``
+    (-1 for a placeholder; 0 at the bonus row) and whether it writes (greedy rows rejected at a
+    draft keep K16's argmax)."""
+
+    index: int
+    row: int
+    step: int
+    slot: int
+    temp: float
+    bonus: bool
+    rejected: int
+
+    @property
+    def writes(self) -> bool:
+        return self.temp != 0.0 or self.bonus
+
+    @property
+    def residual(self) -> bool:
+        """The draft's distribution is taken out of the target's (else: the target's itself)."""
+        return self.temp != 0.0 and not self.bonus and self.rejected >= 0
+
+
+def resamples(a: Mapping[str, Any]) -> list[Resample]:
+    cu = a["cu_num_logits_ptr"].to(I64).tolist()
+    steps = a["rejected_step_ptr"].to(I64).tolist()
+    out = []
+    for r in range(len(cu) - 1):
+        row = cu[r] + steps[r]
+        slot = int(a["expanded_idx_mapping_ptr"][row])
+        bonus = row == cu[r + 1] - 1
+        rejected = 0 if bonus else int(a["draft_sampled_ptr"][row + 1])
+        out.append(Resample(r, row, steps[r], slot, float(a["temp_ptr"][slot]), bonus, rejected))
+    return out
+
+
+def _resample_preconditions(a: Mapping[str, Any]) -> None:
+    k = K17
+    require(not a["WATERMARK"] and not a["DEDUPLICATE_CONTEXTS"], k, "WATERMARK",
+            "must be False: the watermark branch is not specified yet (issue #12 defers it)")
+    for name in ("contexts_ptr", "watermarking_ptr", "watermarking_skip_mask_ptr"):
+        require(a[name] is None, k, name, "must be None without WATERMARK")
+    at_least(k, "CONTEXT_WIDTH", a["CONTEXT_WIDTH"], 1)
+    at_least(k, "vocab_size", a["vocab_size"], 1)
+    _block_preconditions(k, a)
+    v, nb = a["vocab_size"], cdiv(a["vocab_size"], a["BLOCK_SIZE"])
+    cu = _request_offsets(k, a)
+    nr = len(cu) - 1
+    for row, end in zip(cu[:-1], cu[1:]):
+        require(end > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
+    require_length(k, "rejected_step_ptr", a["rejected_step_ptr"], nr)
+    if nr == 0:
+        return
+    steps = a["rejected_step_ptr"][:nr].to(I64)
+    room = torch.tensor(cu[1:], dtype=I64) - torch.tensor(cu[:-1], dtype=I64) - 1
+    bad = ((steps < 0) | (steps > room)).nonzero()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"{k}: 'rejected_step_ptr' must hold accepted counts in [0, drafts]; request {i} has "
+                         f"{int(steps[i])} for {int(room[i])} drafts")
+    nl = cu[-1]
+    for name in ("expanded_idx_mapping_ptr", "draft_sampled_ptr", "pos_ptr"):
+        require_length(k, name, a[name], nl)
+    rows = torch.tensor(cu[:-1], dtype=I64) + steps
+    slots = a["expanded_idx_mapping_ptr"][rows].to(I64)
+    _temperatures(k, a, slots)
+    require(int(slots.max()) < a["seed_ptr"].numel(), k, "expanded_idx_mapping_ptr",
+            f"must hold state slots in [0, {a['seed_ptr'].numel()}) (seed_ptr's length)")
+    writers = [q for q in resamples(a) if q.writes]
+    if not writers:
+        return
+    require_fits(k, "vocab_size", v - 1, "resampled_local_argmax_ptr", a["resampled_local_argmax_ptr"])
+    reqs = torch.tensor([q.index for q in writers], dtype=I64)
+    for name in ("resampled_local_argmax", "resampled_local_max"):
+        at_least(k, f"{name}_stride", a[f"{name}_stride"], 0)
+        _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], reqs, a[f"{name}_stride"], nb)
+    at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
+    _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], [q.row * a["target_logits_stride"] for q in writers], v)
+    residual = [q for q in writers if q.residual and a["HAS_DRAFT_LOGITS"]]
+    if not residual:
+        return
+    for name in ("target_rejected_logsumexp_ptr", "draft_rejected_logsumexp_ptr"):
+        require_length(k, name, a[name], nr)
+        lse = a[name][torch.tensor([q.index for q in residual], dtype=I64)]
+        require(bool(torch.isfinite(lse).all()), k, name, "must hold finite log-sum-exps (K16's) for the requests resampled")
+    _need_draft_cells(k, a, [(q.slot, q.step, 0) for q in residual], torch.tensor([q.temp for q in residual], dtype=F32), v)
+    if a["USE_BLOCK_VERIFICATION"]:
+        prefix = [q.row - 1 for q in residual if q.step > 0]
+        if prefix:
+            require_length(k, "cumulative_log_p_ptr", a["cumulative_log_p_ptr"], max(prefix) + 1)
+            require(bool((a["cumulative_log_p_ptr"][torch.tensor(prefix, dtype=I64)] <= 0).all()), k, "cumulative_log_p_ptr",
+                    "must hold log-ratios <= 0 (K14's running min(., 0)), no NaN, at the rows before those resampled")
+
+
+def _resample_rule(a: Mapping[str, Any], output: str, index: int, kind: str) -> str:
+    return "C29 float64 noise" if a["USE_FP64"] else "MRV2 resample"
+
+
+RESAMPLE = KernelSpec(
+    name=K17,
+    family="mrv2",
+    qualname=f"{_UTILS}.{K17}",
+    params=(
+        ptr("resampled_local_argmax_ptr", INT, I64, "[R, NBr] out: each tile's winning token", role=Role.OUT, ndim=(1, 2)),
+        scalar("resampled_local_argmax_stride", "row stride"),
+        ptr("resampled_local_max_ptr", (F32, torch.float64), F32, "[R, NBr] out: each tile's winning score (float64 "
+            "with USE_FP64)", role=Role.OUT, ndim=(1, 2), float64_rtol=NOISE64_RTOL),
+        scalar("resampled_local_max_stride", "row stride"),
+        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
+        scalar("target_logits_stride"),
+        ptr("target_rejected_logsumexp_ptr", (F32,), F32, "[R] K16's target log-sum-exp at the resampled row"),
+        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
+            optional=True, ndim=(3,)),
+        scalar("draft_logits_stride_0"),
+        scalar("draft_logits_stride_1"),
+        ptr("draft_rejected_logsumexp_ptr", (F32,), F32, "[R] K16's draft log-sum-exp"),
+        ptr("rejected_step_ptr", INT, I32, "[R] K16's accepted drafts: the step resampled"),
+        ptr("cu_num_logits_ptr", INT, I32, "[R+1] exclusive row offsets"),
+        ptr("expanded_idx_mapping_ptr", INT, I64, "[NL] the state slot of each row"),
+        ptr("draft_sampled_ptr", INT, I32, "[NL] row i + 1 holds draft i; -1 is a placeholder"),
+        ptr("temp_ptr", (F32,), F32, "[max_num_reqs] temperature per slot; 0 is greedy"),
+        ptr("seed_ptr", (I64,), I64, "[max_num_reqs] seed per slot: the noise's murmur3 key"),
+        ptr("pos_ptr", INT, I64, "[NL] the row's position (its low word keys the noise)"),
+        _optional_f32("cumulative_log_p_ptr", "[NL] block verification: K14's running log-ratio, or None"),
+        ptr("contexts_ptr", INT, I64, "[NL, CONTEXT_WIDTH] watermark contexts (deferred: None)", optional=True, ndim=(2,)),
+        scalar("contexts_stride"),
+        ptr("watermarking_ptr", (torch.uint8,), torch.uint8, "[max_num_reqs] watermark flags (deferred: None)", optional=True),
+        ptr("watermarking_skip_mask_ptr", (torch.uint8,), torch.uint8, "[NL] (deferred: None)", optional=True),
+        scalar("watermark_key_0"),
+        scalar("watermark_key_1"),
+        scalar("vocab_size", "V = min(V_t, V_d)"),
+        constexpr("BLOCK_SIZE", "tile width (1024 at the call site)"),
+        constexpr("HAS_DRAFT_LOGITS", "draft_logits_ptr is a tensor"),
+        constexpr("USE_FP64", "float64 noise and scores"),
+        constexpr("USE_BLOCK_VERIFICATION", "scale the target by the joint ratio before the rejection"),
+        constexpr("CONTEXT_WIDTH", "watermark context width (1 without)"),
+        constexpr("WATERMARK", "the watermark branch (deferred: False)"),
+        constexpr("DEDUPLICATE_CONTEXTS", "watermark deduplication (deferred: False)"),
+    ),
+    grid=lambda a: (max(a["cu_num_logits_ptr"].numel() - 1, 0), cdiv(a["vocab_size"], a["BLOCK_SIZE"])),
+    preconditions=_resample_preconditions,
+    flags=(
+        Flag("HAS_DRAFT_LOGITS", "draft_logits_ptr", lambda x: x is not None, "draft_logits_ptr is a tensor"),
+        Flag("USE_FP64", "resampled_local_max_ptr", lambda x: x is not None and x.dtype == torch.float64,
+             "resampled_local_max_ptr is float64"),
+        Flag("USE_BLOCK_VERIFICATION", "cumulative_log_p_ptr", lambda x: x is not None, "cumulative_log_p_ptr is a tensor"),
+    ),
+    rule=_resample_rule,
+    doc="MRV2: per request and vocabulary tile, the Gumbel-max of the residual (target minus draft) at the rejected "
+        "step, or of the target at the bonus row",
+)
+
+
 # -- K18 -------------------------------------------------------------------------------------------
 def insert_rows(a: Mapping[str, Any]) -> list[tuple[int, int, bool]]:
     """(request, accepted count k, writes) per request: K18 inserts at column k unless the request
@@ -828,4 +990,4 @@ INSERT_RESAMPLED = KernelSpec(
     doc="MRV2: insert each request's resampled (or bonus) token: the winning tile's argmax; count it",
 )
 
-SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, CUMULATIVE_LOG_P, LOCAL_RESIDUAL_MASS, REJECTION, INSERT_RESAMPLED)
+SPECS = (GATHER_DRAFT_SAMPLED, FLATTEN_SAMPLED, LOGITS_STATS, CUMULATIVE_LOG_P, LOCAL_RESIDUAL_MASS, REJECTION, RESAMPLE, INSERT_RESAMPLED)

@@ -182,7 +182,9 @@ def _logits(g: torch.Generator, shape: tuple[int, ...], style: str) -> torch.Ten
     if style == "ties":
         x = torch.round(x)  # many equal maxima: first-index rules decide
     elif style == "masked":
-        x = torch.where(torch.rand(shape, generator=g) < 0.4, float("-inf"), x)  # top-k style -inf cells
+        # top-k style -inf cells; each row keeps its largest value (a distribution needs one token)
+        keep = x == x.max(-1, keepdim=True).values
+        x = torch.where((torch.rand(shape, generator=g) < 0.4) & ~keep, float("-inf"), x)
     elif style == "peaked":
         x[..., 0] += 12.0  # one token holds almost all the mass
     return x
@@ -510,3 +512,80 @@ def _rejection_cases(draw: st.DrawFn) -> Case:
         FLY_WINDOW_SIZE=draw(st.integers(1, 3)) if mode == "fly" else 0,
     )
     return Case(contracts.K16, args)
+
+
+# -- K17 -------------------------------------------------------------------------------------------
+@cases_for(contracts.K17)
+def resample_cases() -> st.SearchStrategy[Case]:
+    return _resample_cases()
+
+
+@st.composite
+def _resample_cases(draw: st.DrawFn) -> Case:
+    """K16's verdicts on a scene (from the oracle, standard or block verification) resampled."""
+    from reference import mrv2 as oracle
+
+    k16 = draw(rejection_cases().filter(lambda c: not c.args["SYNTHETIC_MODE"] and not c.args["FLY_WINDOW_SIZE"]))
+    a = dict(k16.args)
+    oracle._rejection_kernel(**a)
+    if draw(st.booleans()):
+        # Any step may be the rejected one: resample there with the log-sum-exps K16 would keep.
+        g = generator(draw(seeds))
+        nb = a["vocab_num_blocks"]
+        for q in contracts.requests(a):
+            step = int(torch.randint(0, q.drafts + 1, (1,), generator=g))
+            a["rejected_steps_ptr"][q.index] = step
+            if step < q.drafts and not q.greedy:
+                a["target_rejected_logsumexp_ptr"][q.index] = contracts.row_logsumexp(a, "target", q.start + step, nb)
+                if a["HAS_DRAFT_LOGITS"]:
+                    a["draft_rejected_logsumexp_ptr"][q.index] = contracts.row_logsumexp(a, "draft", q.start + step, nb)
+        event("rejected steps drawn")
+    r = a["rejected_steps_ptr"].numel()
+    nr = a["cu_num_logits_ptr"].numel() - 1
+    target, draft = a["target_logits_ptr"], a["draft_logits_ptr"]
+    vocab = min(target.shape[1], draft.shape[2]) if draft is not None else target.shape[1]
+    vocab = draw(st.sampled_from([vocab, vocab, max(1, vocab - 2)]))  # the call site's min(V_t, V_d), or fewer
+    block = draw(st.sampled_from([1024, 4, 8, 16]))
+    nb = -(-vocab // block)
+    if nb > 1:
+        event("several resample tiles")
+    fp64 = draw(st.booleans())
+    event(f"resample noise: {'float64' if fp64 else 'float32'}")
+    width = nb + draw(st.sampled_from([0, 0, 2]))
+    row_slot = torch.repeat_interleave(a["idx_mapping_ptr"][:nr].to(I64), a["cu_num_logits_ptr"].to(I64).diff())
+    args = dict(
+        resampled_local_argmax_ptr=torch.zeros((nr, width), dtype=draw(wide_dtypes)),
+        resampled_local_argmax_stride=width,
+        resampled_local_max_ptr=torch.zeros((nr, width), dtype=torch.float64 if fp64 else torch.float32),
+        resampled_local_max_stride=width,
+        target_logits_ptr=target,
+        target_logits_stride=a["target_logits_stride"],
+        target_rejected_logsumexp_ptr=a["target_rejected_logsumexp_ptr"],
+        draft_logits_ptr=draft,
+        draft_logits_stride_0=a["draft_logits_stride_0"],
+        draft_logits_stride_1=a["draft_logits_stride_1"],
+        draft_rejected_logsumexp_ptr=a["draft_rejected_logsumexp_ptr"],
+        rejected_step_ptr=a["rejected_steps_ptr"][:r],
+        cu_num_logits_ptr=a["cu_num_logits_ptr"],
+        expanded_idx_mapping_ptr=row_slot.to(draw(wide_dtypes)),
+        draft_sampled_ptr=a["draft_sampled_ptr"],
+        temp_ptr=a["temp_ptr"],
+        seed_ptr=a["seed_ptr"],
+        pos_ptr=a["pos_ptr"],
+        cumulative_log_p_ptr=a["cumulative_log_p_ptr"],
+        contexts_ptr=None,
+        contexts_stride=0,
+        watermarking_ptr=None,
+        watermarking_skip_mask_ptr=None,
+        watermark_key_0=0,
+        watermark_key_1=0,
+        vocab_size=vocab,
+        BLOCK_SIZE=block,
+        HAS_DRAFT_LOGITS=draft is not None,
+        USE_FP64=fp64,
+        USE_BLOCK_VERIFICATION=a["USE_BLOCK_VERIFICATION"],
+        CONTEXT_WIDTH=1,
+        WATERMARK=False,
+        DEDUPLICATE_CONTEXTS=False,
+    )
+    return Case(contracts.K17, args)
