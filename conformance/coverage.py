@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from conformance.contract import counts
-from conformance.kernels import rejection
+from conformance.kernels import mrv2, rejection
 from conformance.kernels._checks import flat_view
 from conformance.kernels.eagle import K5, K6, K7
 from conformance.kernels.slot_mapping import K10
@@ -142,6 +142,45 @@ def _placeholder_samples(kernel: str, a: Args, out: Outputs) -> int:
     return sum(1 for r in range(n) for j in range(w) if r * stride + j < len(flat) and flat[r * stride + j] == -1)
 
 
+# -- MRV2 (K16, K17) ---------------------------------------------------------------------------------
+def _verdicts(a: Args, out: Outputs) -> list[tuple[mrv2.Request, int]]:
+    """(request, accepted drafts) of every K16 request with drafts."""
+    steps = out.get("rejected_steps_ptr")
+    if steps is None:
+        return []
+    return [(q, int(steps[q.index])) for q in mrv2.requests(a) if q.drafts]
+
+
+def _mrv2_all_accepted(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(k == q.drafts for q, k in _verdicts(a, out))
+
+
+def _mrv2_first_rejected(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(k == 0 for q, k in _verdicts(a, out))
+
+
+def _mrv2_rejected_later(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(0 < k < q.drafts for q, k in _verdicts(a, out))
+
+
+def _mrv2_block_random(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not q.greedy for q, _ in _verdicts(a, out)) if a["USE_BLOCK_VERIFICATION"] else 0
+
+
+def _mrv2_fly_random(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not q.greedy for q, _ in _verdicts(a, out)) if a["FLY_WINDOW_SIZE"] else 0
+
+
+def _resampled(kernel: str, a: Args, kind: str) -> int:
+    reqs = [q for q in mrv2.resamples(a) if q.writes]
+    if kind == "bonus":
+        return sum(q.bonus for q in reqs)
+    if kind == "placeholder":
+        return sum(not q.bonus and q.rejected < 0 for q in reqs)
+    draft = kind == "draft logits"
+    return sum(q.residual for q in reqs) if bool(a["HAS_DRAFT_LOGITS"]) == draft else 0
+
+
 CLASSES: tuple[StateClass, ...] = (
     StateClass("all accepted", (K1, K2), _all_accepted, "a row with drafts whose every draft is accepted: the bonus is written"),
     StateClass("first draft rejected", (K1, K2), _first_rejected, "a row with drafts rejected at position 0"),
@@ -155,6 +194,18 @@ CLASSES: tuple[StateClass, ...] = (
     StateClass("capped at MAX_NUM_TOKENS", (K3,), _capped, "a request with more tokens than MAX_NUM_TOKENS (C18)"),
     StateClass("discarded requests", (K7,), _discarded, "a discarded request gets the backup token (C20)"),
     StateClass("placeholder drafts", (K7,), _placeholder_samples, "-1 (rejected) sampled tokens (C20)"),
+    StateClass("all accepted", (mrv2.K16,), _mrv2_all_accepted, "a request with drafts accepts them all"),
+    StateClass("first draft rejected", (mrv2.K16,), _mrv2_first_rejected, "a request with drafts accepts none"),
+    StateClass("rejected after an accepted draft", (mrv2.K16,), _mrv2_rejected_later, "a request accepts some of its drafts"),
+    StateClass("block verification", (mrv2.K16,), _mrv2_block_random, "a random request under block verification"),
+    StateClass("FLy window", (mrv2.K16,), _mrv2_fly_random, "a random request under FLy"),
+    StateClass("bonus resample", (mrv2.K17,), lambda k, a, o: _resampled(k, a, "bonus"), "every draft accepted: the target's own draw"),
+    StateClass("placeholder resample", (mrv2.K17,), lambda k, a, o: _resampled(k, a, "placeholder"),
+               "rejected at a -1 placeholder: the target's own draw"),
+    StateClass("residual with draft logits", (mrv2.K17,), lambda k, a, o: _resampled(k, a, "draft logits"),
+               "p minus q, in the log domain"),
+    StateClass("one-hot residual", (mrv2.K17,), lambda k, a, o: _resampled(k, a, "one-hot"),
+               "the target without the rejected draft"),
 )
 
 # Hypothesis target() per kernel: (label, function); maximised during generation.

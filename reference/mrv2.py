@@ -440,7 +440,7 @@ def _resample_kernel(
     for q in contracts.resamples(a):
         if not q.writes:
             continue  # greedy, rejected at a draft: K16 stored the target argmax
-        scores = resample_scores(a, q)
+        scores, _ = resample_scores(a, q)
         best = scores.argmax(-1)  # the first index of each tile's maximum
         at = q.index * resampled_local_argmax_stride
         resampled_local_argmax_ptr.view(-1)[at : at + nb] = (torch.arange(nb) * BLOCK_SIZE + best).to(resampled_local_argmax_ptr.dtype)
@@ -448,12 +448,14 @@ def _resample_kernel(
         resampled_local_max_ptr.view(-1)[at : at + nb] = scores.gather(1, best[:, None])[:, 0].to(resampled_local_max_ptr.dtype)
 
 
-def resample_scores(a: dict, q: contracts.Resample) -> torch.Tensor:
+def resample_scores(a: dict, q: contracts.Resample) -> tuple[torch.Tensor, torch.Tensor | None]:
     """K17's Gumbel-max scores of one request, tile by tile (``[NBr, BLOCK_SIZE]``, -inf past V):
-    the residual log-probabilities (or the target's logits) plus the noise at temperatures above 0."""
+    the residual log-probabilities (or the target's logits) plus the noise at temperatures above 0;
+    and the ratios q/p of a residual with draft logits (else None)."""
     v, block = a["vocab_size"], a["BLOCK_SIZE"]
     nb = -(-v // block)
     cols = torch.arange(nb * block).view(nb, block)
+    ratio = None
     x = _tiles(a["target_logits_ptr"].reshape(-1)[q.row * a["target_logits_stride"] :], v, block)
     if q.residual and a["HAS_DRAFT_LOGITS"]:
         t = torch.tensor(q.temp, dtype=F32)
@@ -477,4 +479,4 @@ def resample_scores(a: dict, q: contracts.Resample) -> torch.Tensor:
         else:
             noise = gumbel.gumbel32(gumbel.murmur3_uniform32(seed, pos, cols))
         x = torch.where(cols < v, x + noise, float("-inf"))
-    return x
+    return x, ratio

@@ -182,8 +182,10 @@ def _logits(g: torch.Generator, shape: tuple[int, ...], style: str) -> torch.Ten
     if style == "ties":
         x = torch.round(x)  # many equal maxima: first-index rules decide
     elif style == "masked":
-        # top-k style -inf cells; each row keeps its largest value (a distribution needs one token)
-        keep = x == x.max(-1, keepdim=True).values
+        # top-k style -inf cells; each row keeps its first token (a distribution needs one, and the
+        # kernels read V <= the row's width columns)
+        keep = torch.zeros(shape, dtype=torch.bool)
+        keep[..., 0] = True
         x = torch.where((torch.rand(shape, generator=g) < 0.4) & ~keep, float("-inf"), x)
     elif style == "peaked":
         x[..., 0] += 12.0  # one token holds almost all the mass
