@@ -172,10 +172,126 @@ def unconditional_to_conditional_rates(rates: list[float]) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float32)
 
 
+# -- Model Runner V2 (docs/mrv2.md) ------------------------------------------------------------------
+MRV2_VOCAB_BLOCK = 8192
+MRV2_RESAMPLE_BLOCK = 1024
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _scratch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """vLLM allocates its intermediates uninitialised; poison makes a read of a cell nothing wrote
+    show in the results (the same poison on every backend, so results still compare exactly)."""
+    fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min + 1
+    return torch.full(shape, fill, dtype=dtype)
+
+
+def mrv2_rejection_sample(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_sampled: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    pos: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    expanded_local_pos: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    num_speculative_steps: int,
+    synthetic_conditional_rates: torch.Tensor | None = None,
+    use_fp64: bool = False,
+    use_block_verification: bool = False,
+    *,
+    backend: str = "reference",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rejection_sample`` of vLLM 0.33.0's ``rejection_sampler_utils.py`` (watermark and FLy out of
+    scope): ``(sampled [R, K+1] int64, num_sampled [R] int32)``; cells of ``sampled`` past
+    ``num_sampled`` are unspecified (here: poison)."""
+    assert target_logits.ndim == 2 and target_logits.stride(-1) == 1
+    assert draft_logits is None or (draft_logits.ndim == 3 and draft_logits.stride(-1) == 1)
+    assert not (use_block_verification and synthetic_conditional_rates is not None)
+    num_reqs = cu_num_logits.shape[0] - 1
+    num_logits, vocab = target_logits.shape
+    has_draft = draft_logits is not None
+    s0 = s1 = 0
+    if has_draft:
+        s0, s1 = draft_logits.stride(0), draft_logits.stride(1)
+        vocab = min(vocab, draft_logits.shape[-1])
+    nb = _cdiv(vocab, MRV2_VOCAB_BLOCK)
+    padded = _next_power_of_2(nb)
+    stats = {name: _scratch((num_logits, nb), torch.int64 if name == "target_local_argmax" else torch.float32)
+             for name in ("target_local_argmax", "target_local_max", "target_local_sumexp", "draft_local_max",
+                          "draft_local_sumexp")}
+    strided = {f"{k}_ptr": v for k, v in stats.items()} | {f"{k}_stride": v.stride(0) for k, v in stats.items()}
+    target = dict(target_logits_ptr=target_logits, target_logits_stride=target_logits.stride(0))
+    draft = dict(draft_logits_ptr=draft_logits, draft_logits_stride_0=s0, draft_logits_stride_1=s1)
+
+    def side(*names: str) -> dict[str, Any]:
+        return {k: v for k, v in strided.items() if k.removesuffix("_ptr").removesuffix("_stride") in names}
+
+    launch(backend, "_compute_local_logits_stats_kernel", (num_logits, nb), **strided, **target, **draft,
+           expanded_idx_mapping_ptr=expanded_idx_mapping, expanded_local_pos_ptr=expanded_local_pos, temp_ptr=temperature,
+           vocab_size=vocab, num_logits=num_logits, BLOCK_SIZE=MRV2_VOCAB_BLOCK, HAS_DRAFT_LOGITS=has_draft)
+    stats_t = side("target_local_max", "target_local_sumexp")
+    stats_d = side("draft_local_max", "draft_local_sumexp")
+    cumulative = residual = None
+    if use_block_verification:
+        cumulative = _scratch((num_logits,), torch.float32)
+        launch(backend, "_compute_cumulative_log_p_kernel", (num_reqs,), cumulative_log_p_ptr=cumulative, **target,
+               **stats_t, draft_sampled_ptr=draft_sampled, **draft, **stats_d, cu_num_logits_ptr=cu_num_logits,
+               idx_mapping_ptr=idx_mapping, temp_ptr=temperature, vocab_num_blocks=nb, PADDED_VOCAB_NUM_BLOCKS=padded,
+               HAS_DRAFT_LOGITS=has_draft)
+        if has_draft:
+            residual = _scratch((num_logits, nb), torch.float32)
+            launch(backend, "_compute_local_residual_mass_kernel", (num_logits, nb), local_residual_mass_ptr=residual,
+                   local_residual_mass_stride=residual.stride(0), cumulative_log_p_ptr=cumulative, **target, **stats_t,
+                   **draft, **stats_d, draft_sampled_ptr=draft_sampled, expanded_idx_mapping_ptr=expanded_idx_mapping,
+                   expanded_local_pos_ptr=expanded_local_pos, temp_ptr=temperature, vocab_size=vocab,
+                   num_logits=num_logits, vocab_num_blocks=nb, BLOCK_SIZE=MRV2_VOCAB_BLOCK, PADDED_VOCAB_NUM_BLOCKS=padded)
+    sampled = _scratch((num_reqs, num_speculative_steps + 1), torch.int64)
+    num_sampled = _scratch((num_reqs,), torch.int32)
+    target_lse, draft_lse = _scratch((num_reqs,), torch.float32), _scratch((num_reqs,), torch.float32)
+    launch(backend, "_rejection_kernel", (num_reqs,), sampled_ptr=sampled, sampled_stride=sampled.stride(0),
+           rejected_steps_ptr=num_sampled, target_rejected_logsumexp_ptr=target_lse, draft_rejected_logsumexp_ptr=draft_lse,
+           **target, **side("target_local_argmax"), **stats_t, draft_sampled_ptr=draft_sampled, **draft, **stats_d,
+           cu_num_logits_ptr=cu_num_logits, idx_mapping_ptr=idx_mapping, temp_ptr=temperature, seed_ptr=seed, pos_ptr=pos,
+           synthetic_conditional_rates_ptr=synthetic_conditional_rates, cumulative_log_p_ptr=cumulative,
+           local_residual_mass_ptr=residual, local_residual_mass_stride=0 if residual is None else residual.stride(0),
+           fly_entropy_ptr=None, fly_entropy_threshold=0.3, vocab_num_blocks=nb, PADDED_VOCAB_NUM_BLOCKS=padded,
+           HAS_DRAFT_LOGITS=has_draft, SYNTHETIC_MODE=synthetic_conditional_rates is not None,
+           USE_BLOCK_VERIFICATION=use_block_verification, FLY_WINDOW_SIZE=0)
+    rnb = _cdiv(vocab, MRV2_RESAMPLE_BLOCK)
+    local_argmax = _scratch((num_reqs, rnb), torch.int64)
+    local_max = _scratch((num_reqs, rnb), torch.float64 if use_fp64 else torch.float32)
+    launch(backend, "_resample_kernel", (num_reqs, rnb), resampled_local_argmax_ptr=local_argmax,
+           resampled_local_argmax_stride=local_argmax.stride(0), resampled_local_max_ptr=local_max,
+           resampled_local_max_stride=local_max.stride(0), **target, target_rejected_logsumexp_ptr=target_lse, **draft,
+           draft_rejected_logsumexp_ptr=draft_lse, rejected_step_ptr=num_sampled, cu_num_logits_ptr=cu_num_logits,
+           expanded_idx_mapping_ptr=expanded_idx_mapping, draft_sampled_ptr=draft_sampled, temp_ptr=temperature,
+           seed_ptr=seed, pos_ptr=pos, cumulative_log_p_ptr=cumulative, contexts_ptr=None, contexts_stride=0,
+           watermarking_ptr=None, watermarking_skip_mask_ptr=None, watermark_key_0=0, watermark_key_1=0,
+           vocab_size=vocab, BLOCK_SIZE=MRV2_RESAMPLE_BLOCK, HAS_DRAFT_LOGITS=has_draft, USE_FP64=use_fp64,
+           USE_BLOCK_VERIFICATION=use_block_verification, CONTEXT_WIDTH=1, WATERMARK=False, DEDUPLICATE_CONTEXTS=False)
+    launch(backend, "_insert_resampled_kernel", (num_reqs,), sampled_ptr=sampled, sampled_stride=sampled.stride(0),
+           num_sampled_ptr=num_sampled, resampled_local_argmax_ptr=local_argmax,
+           resampled_local_argmax_stride=local_argmax.stride(0), resampled_local_max_ptr=local_max,
+           resampled_local_max_stride=local_max.stride(0), resample_num_blocks=rnb, cu_num_logits_ptr=cu_num_logits,
+           expanded_idx_mapping_ptr=expanded_idx_mapping, temp_ptr=temperature,
+           PADDED_RESAMPLE_NUM_BLOCKS=_next_power_of_2(rnb))
+    return sampled, num_sampled
+
+
 __all__ = [
     "SamplingMetadata",
     "expand_batch_to_tokens",
     "generate_uniform_probs",
+    "mrv2_rejection_sample",
     "rejection_sample",
     "sample_recovered_tokens",
     "unconditional_to_conditional_rates",

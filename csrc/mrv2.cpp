@@ -655,7 +655,8 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
   for (std::int64_t r = 0; r < reqs; ++r)
     for (std::int64_t i = cu[r]; i < cu[r + 1] - 1; ++i) {
       (t[r] == 0.0f ? greedy_rows : random_rows).push_back(i);
-      if (t[r] != 0.0f && i > cu[r]) ahead.push_back(i);
+      // The next step's masses, read where that step's draft is no placeholder (K15 fills those rows only).
+      if (t[r] != 0.0f && i > cu[r] && tokens[i + 1] >= 0) ahead.push_back(i);
     }
   with_int(k, "target_local_argmax_ptr", t_argmax.dtype, [&](auto a_) {
     using A = decltype(a_);

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from support import BACKENDS as BACKEND_NAMES
 from support import f32, i32, i64, run
 
@@ -725,3 +726,67 @@ def test_invalid_resample(backend, change, error, param):
     a = resample_args([[0] * 4] * 5, [[5, 0], [1]], [1, 0], [1.0, 1.0], draft=[[[0.0] * 4] * 2] * 2)
     a.update(change)
     _refused(backend, contracts.RESAMPLE, a, error, param)
+
+
+# -- the host composition rejection_sample -------------------------------------------------------------
+@st.composite
+def mrv2_batches(draw: st.DrawFn) -> dict[str, Any]:
+    """rejection_sample's inputs from a scene: drafts often the target's argmax or its draws."""
+    from conformance.strategies import generator, seeds
+    from conformance.strategies.mrv2 import likely_drafts, scenes
+
+    sc = draw(scenes())
+    assume(sc.lay.requests > 0)  # vLLM asserts unit-stride logits; an empty (0, 1) tensor may have another
+    g = generator(draw(seeds))
+    lay = sc.lay
+    mode = draw(st.sampled_from(["standard", "synthetic", "block"]))
+    return dict(
+        target_logits=sc.target, draft_logits=sc.draft, draft_sampled=likely_drafts(draw, g, sc).to(I32),
+        cu_num_logits=i32(lay.cu), pos=torch.randint(0, 2**40, (lay.num_logits,), generator=g),
+        idx_mapping=i64(lay.slots), expanded_idx_mapping=i64(lay.row_slot), expanded_local_pos=i32(lay.row_step),
+        temperature=sc.temp, seed=sc.seed, num_speculative_steps=lay.k,
+        synthetic_conditional_rates=torch.rand(lay.k, generator=g) if mode == "synthetic" else None,
+        use_fp64=draw(st.booleans()), use_block_verification=mode == "block")
+
+
+def accepted(sampled: torch.Tensor, num_sampled: torch.Tensor) -> list[list[int]]:
+    """Each request's tokens: the accepted drafts and the resampled or bonus token."""
+    return [sampled[r, : int(n)].tolist() for r, n in enumerate(num_sampled)]
+
+
+def subset(batch: dict[str, Any], reqs: list[int]) -> dict[str, Any]:
+    """The batch of requests ``reqs`` only, in that order (slots, seeds and draft logits unchanged)."""
+    cu = batch["cu_num_logits"].tolist()
+    rows = torch.tensor([i for r in reqs for i in range(cu[r], cu[r + 1])], dtype=I64)
+    new_cu = [0]
+    for r in reqs:
+        new_cu.append(new_cu[-1] + cu[r + 1] - cu[r])
+    out = dict(batch)
+    out.update(target_logits=batch["target_logits"][rows], draft_sampled=batch["draft_sampled"][rows], cu_num_logits=i32(new_cu),
+               pos=batch["pos"][rows], idx_mapping=batch["idx_mapping"][reqs], expanded_idx_mapping=batch["expanded_idx_mapping"][rows],
+               expanded_local_pos=batch["expanded_local_pos"][rows])
+    return out
+
+
+@given(batch=mrv2_batches())
+def test_composition_backends_agree(batch):
+    from conformance.compositions import mrv2_rejection_sample
+
+    results = {b: accepted(*mrv2_rejection_sample(**batch, backend=b)) for b in BACKEND_NAMES if b != "vllm"}
+    want = results.pop("reference")
+    for b, got in results.items():
+        assert got == want, f"{b} differs from the oracle"
+    assert all(1 <= len(t) <= d + 1 for t, d in zip(want, (batch["cu_num_logits"].diff() - 1).tolist()))
+
+
+@given(batch=mrv2_batches(), data=st.data())
+def test_composition_batch_invariance(batch, data):
+    # A request's tokens depend on its own rows, slot, seed and positions only: running any subset
+    # of the requests, in any order, gives each the same tokens (so chunked batches equal the whole).
+    from conformance.compositions import mrv2_rejection_sample
+
+    whole = accepted(*mrv2_rejection_sample(**batch, backend="cpu"))
+    reqs = data.draw(st.permutations(range(len(whole))))
+    keep = reqs[: data.draw(st.integers(0, len(reqs)))]
+    part = accepted(*mrv2_rejection_sample(**subset(batch, keep), backend="cpu"))
+    assert part == [whole[r] for r in keep]

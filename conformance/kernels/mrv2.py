@@ -656,7 +656,9 @@ def _rejection_preconditions(a: Mapping[str, Any]) -> None:
         require(bool((ratio <= 0).all()), k, "cumulative_log_p_ptr",
                 "must hold log-ratios <= 0 (K14's running min(., 0)), no NaN, at the random requests' draft rows")
         if has_draft:
-            ahead = torch.tensor([q.start + i for q in random for i in range(1, q.drafts)], dtype=I64)
+            # The next step's masses, read where that step's draft is no placeholder (K15 fills those rows only).
+            ahead = torch.tensor([q.start + i for q in random for i in range(1, q.drafts) if int(tokens[q.start + i + 1]) >= 0],
+                                 dtype=I64)
             at_least(k, "local_residual_mass_stride", a["local_residual_mass_stride"], 0)
             _need_cells(k, "local_residual_mass_ptr", a["local_residual_mass_ptr"], ahead, a["local_residual_mass_stride"], nb)
             if ahead.numel():
