@@ -114,3 +114,49 @@ def test_synthetic_mode_reproduces_the_configured_acceptance_rates(backend, gree
     counts = acceptance_lengths(backend, n, greedy, seed=7)
     assert p_value(counts, length_distribution(UNCONDITIONAL)) > ALPHA
     assert p_value(counts, length_distribution([0.85, 0.45, 0.15])) < ALPHA  # a slightly wrong rate is caught
+
+
+# -- Model Runner V2 (docs/mrv2.md): randomness reproduced from seeds and positions ----------------------
+def mrv2_first_steps(backend: str, n: int, draft_logits: bool, block: bool, fp64: bool, seed: int) -> torch.Tensor:
+    """``sampled[:, :2]`` and ``num_sampled`` of n one-draft requests (temperature 1, target P,
+    drafts drawn from Q), each in its own slot with its own seed and position."""
+    from conformance.compositions import mrv2_rejection_sample
+
+    g = torch.Generator().manual_seed(seed)
+    v = len(P)
+    drafts = torch.multinomial(Q, n, replacement=True, generator=g).to(torch.int32)
+    sampled_rows = torch.stack([torch.zeros(n, dtype=torch.int32), drafts], 1).reshape(-1)  # row 2r + 1 holds r's draft
+    sampled, num_sampled = mrv2_rejection_sample(
+        P.log().expand(2 * n, v).contiguous(), Q.log().expand(n, 1, v).contiguous() if draft_logits else None, sampled_rows,
+        torch.arange(0, 2 * n + 1, 2, dtype=torch.int32), torch.randint(0, 2**40, (2 * n,), generator=g),
+        torch.arange(n), torch.arange(n).repeat_interleave(2), torch.tensor([0, 1], dtype=torch.int32).repeat(n),
+        torch.ones(n), torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), 1, use_fp64=fp64,
+        use_block_verification=block, backend=backend)
+    return torch.cat([sampled[:, :1], num_sampled[:, None].to(torch.int64), drafts[:, None].to(torch.int64)], 1)
+
+
+@pytest.mark.parametrize("draft_logits, block, fp64", [
+    (True, False, False), (True, False, True), (False, False, False), (True, True, False), (False, True, False),
+], ids=["draft-logits", "float64-noise", "one-hot", "block-verification", "block-one-hot"])
+def test_mrv2_preserves_the_target_distribution(draft_logits, block, fp64):
+    """MRV2's first emitted token is distributed as p: with or without draft logits, under block
+    verification, with float32 or float64 noise. The same statistic rejects the drafter's q. Run
+    on the C++ port (the oracle's per-request loops take a minute at this N; conformance holds the
+    two to the same bits)."""
+    n = sample_size(len(P))
+    out = mrv2_first_steps("cpu", n, draft_logits, block, fp64, seed=2024)
+    counts = torch.bincount(out[:, 0], minlength=len(P))
+    assert p_value(counts, P) > ALPHA
+    assert p_value(counts, Q) < ALPHA
+
+
+@pytest.mark.parametrize("draft_logits", [True, False], ids=["draft-logits", "one-hot"])
+def test_mrv2_acceptance_rate_is_the_overlap(draft_logits):
+    """A draft from q is accepted with probability sum min(p, q) (draft logits), or sum q p (one-hot:
+    q is the point mass at the draft). Two-sided binomial test at ALPHA; it rejects a rate off by 0.03."""
+    n = sample_size(len(P))
+    out = mrv2_first_steps("cpu", n, draft_logits, block=False, fp64=False, seed=7)
+    accepted = int((out[:, 1] == 2).sum())  # num_sampled 2: the draft and the bonus token
+    rate = float(torch.minimum(P, Q).sum()) if draft_logits else float((P * Q).sum())
+    assert stats.binomtest(accepted, n, rate).pvalue > ALPHA
+    assert stats.binomtest(accepted, n, rate + 0.03).pvalue < ALPHA
