@@ -160,3 +160,27 @@ def test_mrv2_acceptance_rate_is_the_overlap(draft_logits):
     rate = float(torch.minimum(P, Q).sum()) if draft_logits else float((P * Q).sum())
     assert stats.binomtest(accepted, n, rate).pvalue > ALPHA
     assert stats.binomtest(accepted, n, rate + 0.03).pvalue < ALPHA
+
+
+@pytest.mark.parametrize("draft_logits", [True, False], ids=["draft-logits", "one-hot"])
+def test_mrv2_second_position_follows_the_target(draft_logits):
+    """Two drafts from q per request, the target p at every row: among requests whose first draft was
+    accepted, the token emitted at position 1 (the second draft, its resample or the bonus) is
+    distributed as p too (standard verification: each step's draws are its own)."""
+    from conformance.compositions import mrv2_rejection_sample
+
+    g = torch.Generator().manual_seed(11)
+    v, rate = len(P), float(torch.minimum(P, Q).sum()) if draft_logits else float((P * Q).sum())
+    n = int(sample_size(v) / rate) + 1  # enough requests that about sample_size(v) reach position 1
+    drafts = torch.multinomial(Q, 2 * n, replacement=True, generator=g).to(torch.int32).view(n, 2)
+    rows = torch.cat([torch.zeros(n, 1, dtype=torch.int32), drafts], 1).reshape(-1)  # rows 3r + 1, 3r + 2: r's drafts
+    sampled, num_sampled = mrv2_rejection_sample(
+        P.log().expand(3 * n, v).contiguous(), Q.log().expand(n, 2, v).contiguous() if draft_logits else None, rows,
+        torch.arange(0, 3 * n + 1, 3, dtype=torch.int32), torch.randint(0, 2**40, (3 * n,), generator=g), torch.arange(n),
+        torch.arange(n).repeat_interleave(3), torch.tensor([0, 1, 2], dtype=torch.int32).repeat(n), torch.ones(n),
+        torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), 2, backend="cpu")
+    second = sampled[num_sampled >= 2, 1]
+    assert second.numel() > 0.9 * sample_size(v)
+    counts = torch.bincount(second, minlength=v)
+    assert p_value(counts, P) > ALPHA
+    assert p_value(counts, Q) < ALPHA
