@@ -184,3 +184,35 @@ def test_mrv2_second_position_follows_the_target(draft_logits):
     counts = torch.bincount(second, minlength=v)
     assert p_value(counts, P) > ALPHA
     assert p_value(counts, Q) < ALPHA
+
+
+def mrv2_accepted_lengths(n: int, k: int, block: bool, seed: int) -> torch.Tensor:
+    """Accepted drafts of n requests with k drafts from q each (target p at every row, draft logits q)."""
+    from conformance.compositions import mrv2_rejection_sample
+
+    g = torch.Generator().manual_seed(seed)
+    v = len(P)
+    drafts = torch.multinomial(Q, k * n, replacement=True, generator=g).to(torch.int32).view(n, k)
+    rows = torch.cat([torch.zeros(n, 1, dtype=torch.int32), drafts], 1).reshape(-1)
+    _, num_sampled = mrv2_rejection_sample(
+        P.log().expand((k + 1) * n, v).contiguous(), Q.log().expand(n, k, v).contiguous(), rows,
+        torch.arange(0, (k + 1) * n + 1, k + 1, dtype=torch.int32), torch.randint(0, 2**40, ((k + 1) * n,), generator=g),
+        torch.arange(n), torch.arange(n).repeat_interleave(k + 1), torch.arange(k + 1, dtype=torch.int32).repeat(n),
+        torch.ones(n), torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), k, use_block_verification=block, backend="cpu")
+    return num_sampled.double() - 1
+
+
+def test_mrv2_block_verification_accepts_at_least_as_much():
+    """Standard verification accepts sum_{j<=k} a^j drafts on average (a = sum min(p, q), independent
+    steps): a z-test at ALPHA. Block verification accepts at least as many (Sun et al., 2024): a
+    one-sided Welch test at ALPHA finds no shortfall, and the same test flags a sampler that accepted
+    one draft fewer."""
+    n, k = 20000, 3
+    a = float(torch.minimum(P, Q).sum())
+    standard = mrv2_accepted_lengths(n, k, block=False, seed=5)
+    block = mrv2_accepted_lengths(n, k, block=True, seed=6)
+    mean = sum(a**j for j in range(1, k + 1))
+    z = (float(standard.mean()) - mean) / (float(standard.std()) / n**0.5)
+    assert abs(z) < stats.norm.ppf(1 - ALPHA / 2)
+    assert stats.ttest_ind(block, standard, equal_var=False, alternative="less").pvalue > ALPHA
+    assert stats.ttest_ind(block - 1, standard, equal_var=False, alternative="less").pvalue < ALPHA
