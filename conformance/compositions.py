@@ -16,7 +16,8 @@ import torch
 
 from conformance import kernels
 from conformance.backends import resolve_kernel
-from conformance.runner import _copy_args
+from conformance.contract import cdiv, next_power_of_2
+from conformance.runner import _copy_args, poison_value
 
 PLACEHOLDER_TOKEN_ID = -1
 GREEDY_TEMPERATURE = 0.0
@@ -177,19 +178,10 @@ MRV2_VOCAB_BLOCK = 8192
 MRV2_RESAMPLE_BLOCK = 1024
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def _scratch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """vLLM allocates its intermediates uninitialised; poison makes a read of a cell nothing wrote
     show in the results (the same poison on every backend, so results still compare exactly)."""
-    fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min + 1
-    return torch.full(shape, fill, dtype=dtype)
+    return torch.full(shape, poison_value(dtype), dtype=dtype)
 
 
 def mrv2_rejection_sample(
@@ -223,8 +215,8 @@ def mrv2_rejection_sample(
     if has_draft:
         s0, s1 = draft_logits.stride(0), draft_logits.stride(1)
         vocab = min(vocab, draft_logits.shape[-1])
-    nb = _cdiv(vocab, MRV2_VOCAB_BLOCK)
-    padded = _next_power_of_2(nb)
+    nb = cdiv(vocab, MRV2_VOCAB_BLOCK)
+    padded = next_power_of_2(nb)
     stats = {name: _scratch((num_logits, nb), torch.int64 if name == "target_local_argmax" else torch.float32)
              for name in ("target_local_argmax", "target_local_max", "target_local_sumexp", "draft_local_max",
                           "draft_local_sumexp")}
@@ -266,7 +258,7 @@ def mrv2_rejection_sample(
            fly_entropy_ptr=None, fly_entropy_threshold=0.3, vocab_num_blocks=nb, PADDED_VOCAB_NUM_BLOCKS=padded,
            HAS_DRAFT_LOGITS=has_draft, SYNTHETIC_MODE=synthetic_conditional_rates is not None,
            USE_BLOCK_VERIFICATION=use_block_verification, FLY_WINDOW_SIZE=0)
-    rnb = _cdiv(vocab, MRV2_RESAMPLE_BLOCK)
+    rnb = cdiv(vocab, MRV2_RESAMPLE_BLOCK)
     local_argmax = _scratch((num_reqs, rnb), torch.int64)
     local_max = _scratch((num_reqs, rnb), torch.float64 if use_fp64 else torch.float32)
     launch(backend, "_resample_kernel", (num_reqs, rnb), resampled_local_argmax_ptr=local_argmax,
@@ -283,7 +275,7 @@ def mrv2_rejection_sample(
            resampled_local_argmax_stride=local_argmax.stride(0), resampled_local_max_ptr=local_max,
            resampled_local_max_stride=local_max.stride(0), resample_num_blocks=rnb, cu_num_logits_ptr=cu_num_logits,
            expanded_idx_mapping_ptr=expanded_idx_mapping, temp_ptr=temperature,
-           PADDED_RESAMPLE_NUM_BLOCKS=_next_power_of_2(rnb))
+           PADDED_RESAMPLE_NUM_BLOCKS=next_power_of_2(rnb))
     return sampled, num_sampled
 
 

@@ -305,6 +305,10 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def check_cumulative(kernel: str, name: str, cu: torch.Tensor) -> None:
     """Inclusive cumulative counts: non-negative and non-decreasing (§1.2)."""
     if cu.numel():

@@ -9,7 +9,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.contract import cdiv
+from conformance.contract import cdiv, next_power_of_2
 from conformance.kernels import eagle as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, seeds
@@ -17,7 +17,6 @@ from conformance.strategies.metadata import (
     I64,
     block_table,
     exclusive_offsets,
-    next_power_of_2,
     padding,
     query_lengths,
     request_positions,

@@ -63,7 +63,3 @@ def block_table(g: torch.Generator, rows: int, cols: int, wider: int, dtype: tor
     if wider:
         event("strided block table")
     return storage[:, :cols]
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()

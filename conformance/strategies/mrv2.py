@@ -14,10 +14,11 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
+from conformance.contract import next_power_of_2
 from conformance.kernels import mrv2 as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
-from conformance.strategies.metadata import I32, I64, next_power_of_2, padding, wide_dtypes
+from conformance.strategies.metadata import I32, I64, padding, wide_dtypes
 
 
 @dataclass(frozen=True)
