@@ -96,7 +96,7 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
             else:
                 value, threshold = u, ratio
         else:
-            lp, lq = oracle._log_probs(dict(a), row, q.slot, i, d, t, nb)
+            lp, lq, _, _ = oracle._log_probs(dict(a), row, q.slot, i, d, t, nb)
             value, threshold = lp, gumbel.log32(u) + lq
         value, threshold = float(value), float(threshold)
         if math.isfinite(value) and math.isfinite(threshold) and abs(value - threshold) <= 1e-5 * max(1.0, abs(threshold)):
@@ -104,14 +104,20 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
     return False
 
 
-def _near_resample_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
-    """K17's tile (of ``index``) has a runner-up score within 1e-5 (relative, at least absolute) of its
-    winner: float32 noise from another log, or another rounding of the residual, may pick it."""
+def _resample_tile(a: Mapping[str, Any], output: str, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The oracle's scores (and residual ratios q/p, or None) of the K17 tile holding cell ``index``."""
     from conformance.kernels import mrv2
     from reference import mrv2 as oracle
 
     r, b = divmod(index, max(a[output.removesuffix("_ptr") + "_stride"], 1))
-    scores = oracle.resample_scores(dict(a), mrv2.resamples(a)[r])[0][b].double()
+    scores, ratio = oracle.resample_scores(dict(a), mrv2.resamples(a)[r])
+    return scores[b], None if ratio is None else ratio[b]
+
+
+def _near_resample_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
+    """K17's tile (of ``index``) has a runner-up score within 1e-5 (relative, at least absolute) of its
+    winner: float32 noise from another log, or another rounding of the residual, may pick it."""
+    scores = _resample_tile(a, output, index)[0].double()
     top = scores.topk(2).values if scores.numel() > 1 else scores
     return bool(torch.isfinite(top).all()) and float(top[0] - top[-1]) <= 1e-5 * max(1.0, abs(float(top[0])))
 
@@ -119,15 +125,10 @@ def _near_resample_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
 def _ill_conditioned_residual(a: Mapping[str, Any], output: str, index: int) -> bool:
     """K17's tile (of ``index``) has, among its two best scores, a residual ``log p + log(1 - r)`` at a
     ratio r = q/p >= 0.9: an error e in r moves it by e r / (1 - r), ten times or more."""
-    from conformance.kernels import mrv2
-    from reference import mrv2 as oracle
-
-    r, b = divmod(index, max(a[output.removesuffix("_ptr") + "_stride"], 1))
-    scores, ratio = oracle.resample_scores(dict(a), mrv2.resamples(a)[r])
+    scores, ratio = _resample_tile(a, output, index)
     if ratio is None:
         return False
-    best = scores[b].topk(min(2, scores.shape[1])).indices
-    return bool((ratio[b][best] >= 0.9).any())
+    return bool((ratio[scores.topk(min(2, scores.numel())).indices] >= 0.9).any())
 
 
 def _outputs(*names: str) -> Callable[[Mapping[str, Any], str, int], bool]:

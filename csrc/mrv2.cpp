@@ -38,6 +38,21 @@ std::vector<std::int64_t> request_offsets(const char* k, const Buffer& cu_num_lo
   return load_offsets(k, "cu_num_logits_ptr", cu_num_logits, cu_num_logits.numel);
 }
 
+// `cu_num_logits` of a vocabulary-wide kernel: every request owns at least its bonus row.
+std::vector<std::int64_t> bonus_offsets(const char* k, const Buffer& cu_num_logits) {
+  std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
+  for (std::size_t r = 0; r + 1 < cu.size(); ++r)
+    if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
+  return cu;
+}
+
+// `nb` tiles of statistics, padded to a power of two for the Triton kernels' tile loops.
+void need_padded_blocks(const char* k, std::int64_t nb, std::int64_t padded) {
+  need_at_least(k, "vocab_num_blocks", nb, 1);
+  need_power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded);
+  if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
+}
+
 void gather_draft_sampled(Buffer draft_sampled, Buffer pos_out, Buffer input_ids, Buffer positions, Buffer logits_indices,
                           Buffer expanded_idx_mapping, Buffer expanded_local_pos, Buffer prefill_len,
                           std::int64_t num_logits, std::int64_t block_size) {
@@ -360,14 +375,10 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
                       Buffer d_sumexp, std::int64_t d_sumexp_stride, Buffer cu_num_logits, Buffer idx_mapping, Buffer temp,
                       std::int64_t nb, std::int64_t padded, bool has_draft) {
   const char* k = kCumulative;
-  const std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
+  const std::vector<std::int64_t> cu = bonus_offsets(k, cu_num_logits);
   const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
-  for (std::int64_t r = 0; r < reqs; ++r)
-    if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
   const std::vector<std::int64_t> slots = load_ints(k, "idx_mapping_ptr", idx_mapping, reqs);
-  need_at_least(k, "vocab_num_blocks", nb, 1);
-  need_power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded);
-  if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
+  need_padded_blocks(k, nb, padded);
   if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
   if (reqs == 0) return;
   const std::vector<float> t = temperatures(k, temp, slots, "idx_mapping_ptr");
@@ -463,9 +474,7 @@ void need_vocab_blocks(const char* k, std::int64_t vocab, std::int64_t block, st
   need_at_least(k, "vocab_size", vocab, 1);
   need_power_of_two(k, "BLOCK_SIZE", block);
   if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
-  need_at_least(k, "vocab_num_blocks", nb, 1);
-  need_power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded);
-  if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
+  need_padded_blocks(k, nb, padded);
   const std::int64_t tiles = vocab / block + (vocab % block != 0);
   if (nb != tiles) fail(k, "vocab_num_blocks", "must be cdiv(vocab_size, BLOCK_SIZE) = " + std::to_string(tiles));
 }
@@ -603,14 +612,10 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
   if (residual.present() != (block && has_draft))
     fail(k, "local_residual_mass_ptr",
          "must be a tensor exactly with USE_BLOCK_VERIFICATION and draft logits (K15's output), else None");
-  const std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
+  const std::vector<std::int64_t> cu = bonus_offsets(k, cu_num_logits);
   const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
-  for (std::int64_t r = 0; r < reqs; ++r)
-    if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
   const std::vector<std::int64_t> slots = load_ints(k, "idx_mapping_ptr", idx_mapping, reqs);
-  need_at_least(k, "vocab_num_blocks", nb, 1);
-  need_power_of_two(k, "PADDED_VOCAB_NUM_BLOCKS", padded);
-  if (padded < nb) fail(k, "PADDED_VOCAB_NUM_BLOCKS", "must be at least vocab_num_blocks=" + std::to_string(nb));
+  need_padded_blocks(k, nb, padded);
   need_len(k, "rejected_steps_ptr", rejected_steps, reqs);
   need_len(k, "target_rejected_logsumexp_ptr", target_lse_out, reqs);
   need_len(k, "draft_rejected_logsumexp_ptr", draft_lse_out, reqs);
@@ -859,10 +864,8 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
   if (use_block != cumulative.present())
     fail(k, "USE_BLOCK_VERIFICATION", "must be True exactly when cumulative_log_p_ptr is a tensor");
   const std::int64_t nb = vocab / block + (vocab % block != 0);
-  const std::vector<std::int64_t> cu = request_offsets(k, cu_num_logits);
+  const std::vector<std::int64_t> cu = bonus_offsets(k, cu_num_logits);
   const std::int64_t reqs = static_cast<std::int64_t>(cu.size()) - 1;
-  for (std::int64_t r = 0; r < reqs; ++r)
-    if (cu[r + 1] <= cu[r]) fail(k, "cu_num_logits_ptr", "must give every request at least its bonus row");
   const std::vector<std::int64_t> steps = load_ints(k, "rejected_step_ptr", rejected_step, reqs);
   if (reqs == 0) return;
   for (std::int64_t r = 0; r < reqs; ++r)

@@ -150,16 +150,20 @@ def _insert_resampled_kernel(
         num_sampled_ptr[r] = k + 1
 
 
-def _log_probs(a: dict, row: int, slot: int, step: int, token: int, t: torch.Tensor, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p, log q) of ``token`` at logits row ``row`` (draft step ``step`` of ``slot``): the
-    logit minus the row's C29 log-sum-exp; log q = 0 for one-hot drafts."""
-    x = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32)
-    lp = x - contracts.row_logsumexp(a, "target", row, nb)
+def _log_probs(a: dict, row: int, slot: int, step: int, token: int, t: torch.Tensor,
+               nb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log p, log q, target LSE, draft LSE) of ``token`` at logits row ``row`` (draft step ``step`` of
+    ``slot``): each logit minus its row's C29 log-sum-exp. One-hot drafts have log q = 0 and a draft
+    LSE of 0; a placeholder (``token < 0``) reads no logit: log p = log q = -inf."""
+    lse_t = contracts.row_logsumexp(a, "target", row, nb)
+    lse_d = contracts.row_logsumexp(a, "draft", row, nb) if a["draft_logits_ptr"] is not None else torch.zeros((), dtype=F32)
+    if token < 0:
+        return torch.tensor(-math.inf), torch.tensor(-math.inf), lse_t, lse_d
+    lp = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32) - lse_t
     if a["draft_logits_ptr"] is None:
-        return lp, torch.zeros((), dtype=F32)
+        return lp, torch.zeros((), dtype=F32), lse_t, lse_d
     at = slot * a["draft_logits_stride_0"] + step * a["draft_logits_stride_1"] + token
-    y = a["draft_logits_ptr"].reshape(-1)[at].to(F32) / t
-    return lp, y - contracts.row_logsumexp(a, "draft", row, nb)
+    return lp, a["draft_logits_ptr"].reshape(-1)[at].to(F32) / t - lse_d, lse_t, lse_d
 
 
 def _compute_cumulative_log_p_kernel(
@@ -193,7 +197,7 @@ def _compute_cumulative_log_p_kernel(
         if r != request:
             log_p, request = torch.zeros((), dtype=F32), r  # p_0 = 1
         if d >= 0:  # a placeholder carries the previous value
-            lp, lq = _log_probs(a, i, s, i - cu[r], d, temp_ptr[s].to(F32), vocab_num_blocks)
+            lp, lq, _, _ = _log_probs(a, i, s, i - cu[r], d, temp_ptr[s].to(F32), vocab_num_blocks)
             # min(0, .) as Triton's tl.minimum: a NaN (log p = log q = -inf) gives 0.
             log_p = torch.fmin(log_p + (lp - lq), torch.zeros((), dtype=F32))
         cumulative_log_p_ptr[i] = log_p
@@ -353,11 +357,9 @@ def _rejection_kernel(
                     accepted_length = i + 1
                 sampled[q.index * sampled_stride + i] = d
             else:
-                lp, lq = _log_probs(a, row, q.slot, i, d, t, nb) if valid else (-math.inf, -math.inf)
-                lp, lq = torch.as_tensor(lp, dtype=F32), torch.as_tensor(lq, dtype=F32)
+                lp, lq, step_target_lse, step_draft_lse = _log_probs(a, row, q.slot, i, d if valid else -1, t, nb)
                 if fly == 0 or pending < 0:
-                    target_lse = contracts.row_logsumexp(a, "target", row, nb)
-                    draft_lse = contracts.row_logsumexp(a, "draft", row, nb) if HAS_DRAFT_LOGITS else zero
+                    target_lse, draft_lse = step_target_lse, step_draft_lse
                 if SYNTHETIC_MODE:
                     accepted = bool(u < synthetic_conditional_rates_ptr[i])
                 else:

@@ -117,22 +117,22 @@ def test_synthetic_mode_reproduces_the_configured_acceptance_rates(backend, gree
 
 
 # -- Model Runner V2 (docs/mrv2.md): randomness reproduced from seeds and positions ----------------------
-def mrv2_first_steps(backend: str, n: int, draft_logits: bool, block: bool, fp64: bool, seed: int) -> torch.Tensor:
-    """``sampled[:, :2]`` and ``num_sampled`` of n one-draft requests (temperature 1, target P,
-    drafts drawn from Q), each in its own slot with its own seed and position."""
+def mrv2_run(n: int, k: int, draft_logits: bool, seed: int, **options: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sampled, num_sampled, drafts)`` of n requests with k drafts from q each, on the C++ port
+    (temperature 1, the target p at every row; each request in its own slot with its own seed and
+    positions). ``options``: use_fp64, use_block_verification."""
     from conformance.compositions import mrv2_rejection_sample
 
     g = torch.Generator().manual_seed(seed)
-    v = len(P)
-    drafts = torch.multinomial(Q, n, replacement=True, generator=g).to(torch.int32)
-    sampled_rows = torch.stack([torch.zeros(n, dtype=torch.int32), drafts], 1).reshape(-1)  # row 2r + 1 holds r's draft
+    v, rows = len(P), (k + 1) * n
+    drafts = torch.multinomial(Q, k * n, replacement=True, generator=g).to(torch.int32).view(n, k)
+    tokens = torch.cat([torch.zeros(n, 1, dtype=torch.int32), drafts], 1).reshape(-1)  # rows r(k+1) + 1.. hold r's drafts
     sampled, num_sampled = mrv2_rejection_sample(
-        P.log().expand(2 * n, v).contiguous(), Q.log().expand(n, 1, v).contiguous() if draft_logits else None, sampled_rows,
-        torch.arange(0, 2 * n + 1, 2, dtype=torch.int32), torch.randint(0, 2**40, (2 * n,), generator=g),
-        torch.arange(n), torch.arange(n).repeat_interleave(2), torch.tensor([0, 1], dtype=torch.int32).repeat(n),
-        torch.ones(n), torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), 1, use_fp64=fp64,
-        use_block_verification=block, backend=backend)
-    return torch.cat([sampled[:, :1], num_sampled[:, None].to(torch.int64), drafts[:, None].to(torch.int64)], 1)
+        P.log().expand(rows, v).contiguous(), Q.log().expand(n, k, v).contiguous() if draft_logits else None, tokens,
+        torch.arange(0, rows + 1, k + 1, dtype=torch.int32), torch.randint(0, 2**40, (rows,), generator=g), torch.arange(n),
+        torch.arange(n).repeat_interleave(k + 1), torch.arange(k + 1, dtype=torch.int32).repeat(n), torch.ones(n),
+        torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), k, backend="cpu", **options)
+    return sampled, num_sampled, drafts
 
 
 @pytest.mark.parametrize("draft_logits, block, fp64", [
@@ -143,9 +143,8 @@ def test_mrv2_preserves_the_target_distribution(draft_logits, block, fp64):
     verification, with float32 or float64 noise. The same statistic rejects the drafter's q. Run
     on the C++ port (the oracle's per-request loops take a minute at this N; conformance holds the
     two to the same bits)."""
-    n = sample_size(len(P))
-    out = mrv2_first_steps("cpu", n, draft_logits, block, fp64, seed=2024)
-    counts = torch.bincount(out[:, 0], minlength=len(P))
+    sampled, _, _ = mrv2_run(sample_size(len(P)), 1, draft_logits, 2024, use_fp64=fp64, use_block_verification=block)
+    counts = torch.bincount(sampled[:, 0], minlength=len(P))
     assert p_value(counts, P) > ALPHA
     assert p_value(counts, Q) < ALPHA
 
@@ -155,8 +154,8 @@ def test_mrv2_acceptance_rate_is_the_overlap(draft_logits):
     """A draft from q is accepted with probability sum min(p, q) (draft logits), or sum q p (one-hot:
     q is the point mass at the draft). Two-sided binomial test at ALPHA; it rejects a rate off by 0.03."""
     n = sample_size(len(P))
-    out = mrv2_first_steps("cpu", n, draft_logits, block=False, fp64=False, seed=7)
-    accepted = int((out[:, 1] == 2).sum())  # num_sampled 2: the draft and the bonus token
+    _, num_sampled, _ = mrv2_run(n, 1, draft_logits, 7)
+    accepted = int((num_sampled == 2).sum())  # the draft and the bonus token
     rate = float(torch.minimum(P, Q).sum()) if draft_logits else float((P * Q).sum())
     assert stats.binomtest(accepted, n, rate).pvalue > ALPHA
     assert stats.binomtest(accepted, n, rate + 0.03).pvalue < ALPHA
@@ -167,39 +166,14 @@ def test_mrv2_second_position_follows_the_target(draft_logits):
     """Two drafts from q per request, the target p at every row: among requests whose first draft was
     accepted, the token emitted at position 1 (the second draft, its resample or the bonus) is
     distributed as p too (standard verification: each step's draws are its own)."""
-    from conformance.compositions import mrv2_rejection_sample
-
-    g = torch.Generator().manual_seed(11)
     v, rate = len(P), float(torch.minimum(P, Q).sum()) if draft_logits else float((P * Q).sum())
     n = int(sample_size(v) / rate) + 1  # enough requests that about sample_size(v) reach position 1
-    drafts = torch.multinomial(Q, 2 * n, replacement=True, generator=g).to(torch.int32).view(n, 2)
-    rows = torch.cat([torch.zeros(n, 1, dtype=torch.int32), drafts], 1).reshape(-1)  # rows 3r + 1, 3r + 2: r's drafts
-    sampled, num_sampled = mrv2_rejection_sample(
-        P.log().expand(3 * n, v).contiguous(), Q.log().expand(n, 2, v).contiguous() if draft_logits else None, rows,
-        torch.arange(0, 3 * n + 1, 3, dtype=torch.int32), torch.randint(0, 2**40, (3 * n,), generator=g), torch.arange(n),
-        torch.arange(n).repeat_interleave(3), torch.tensor([0, 1, 2], dtype=torch.int32).repeat(n), torch.ones(n),
-        torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), 2, backend="cpu")
+    sampled, num_sampled, _ = mrv2_run(n, 2, draft_logits, 11)
     second = sampled[num_sampled >= 2, 1]
     assert second.numel() > 0.9 * sample_size(v)
     counts = torch.bincount(second, minlength=v)
     assert p_value(counts, P) > ALPHA
     assert p_value(counts, Q) < ALPHA
-
-
-def mrv2_accepted_lengths(n: int, k: int, block: bool, seed: int) -> torch.Tensor:
-    """Accepted drafts of n requests with k drafts from q each (target p at every row, draft logits q)."""
-    from conformance.compositions import mrv2_rejection_sample
-
-    g = torch.Generator().manual_seed(seed)
-    v = len(P)
-    drafts = torch.multinomial(Q, k * n, replacement=True, generator=g).to(torch.int32).view(n, k)
-    rows = torch.cat([torch.zeros(n, 1, dtype=torch.int32), drafts], 1).reshape(-1)
-    _, num_sampled = mrv2_rejection_sample(
-        P.log().expand((k + 1) * n, v).contiguous(), Q.log().expand(n, k, v).contiguous(), rows,
-        torch.arange(0, (k + 1) * n + 1, k + 1, dtype=torch.int32), torch.randint(0, 2**40, ((k + 1) * n,), generator=g),
-        torch.arange(n), torch.arange(n).repeat_interleave(k + 1), torch.arange(k + 1, dtype=torch.int32).repeat(n),
-        torch.ones(n), torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), k, use_block_verification=block, backend="cpu")
-    return num_sampled.double() - 1
 
 
 def test_mrv2_block_verification_accepts_at_least_as_much():
@@ -209,8 +183,8 @@ def test_mrv2_block_verification_accepts_at_least_as_much():
     one draft fewer."""
     n, k = 20000, 3
     a = float(torch.minimum(P, Q).sum())
-    standard = mrv2_accepted_lengths(n, k, block=False, seed=5)
-    block = mrv2_accepted_lengths(n, k, block=True, seed=6)
+    standard = mrv2_run(n, k, True, 5)[1].double() - 1
+    block = mrv2_run(n, k, True, 6, use_block_verification=True)[1].double() - 1
     mean = sum(a**j for j in range(1, k + 1))
     z = (float(standard.mean()) - mean) / (float(standard.std()) / n**0.5)
     assert abs(z) < stats.norm.ppf(1 - ALPHA / 2)

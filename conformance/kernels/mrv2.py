@@ -101,6 +101,14 @@ def _request_offsets(k: str, a: Mapping[str, Any]) -> list[int]:
     return exclusive_offsets(k, "cu_num_logits_ptr", cu_t, cu_t.numel())
 
 
+def _bonus_offsets(k: str, a: Mapping[str, Any]) -> list[int]:
+    """``cu_num_logits`` of a vocabulary-wide kernel: every request owns at least its bonus row."""
+    cu = _request_offsets(k, a)
+    for row, end in zip(cu[:-1], cu[1:]):
+        require(end > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
+    return cu
+
+
 # -- K12 -------------------------------------------------------------------------------------------
 def _flatten_preconditions(a: Mapping[str, Any]) -> None:
     k = K12
@@ -396,10 +404,8 @@ def cumulative_steps(a: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
 
 def _cumulative_preconditions(a: Mapping[str, Any]) -> None:
     k = K14
-    cu = _request_offsets(k, a)
+    cu = _bonus_offsets(k, a)
     r = len(cu) - 1
-    for row, n in zip(cu[:-1], cu[1:]):
-        require(n > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
     require_length(k, "idx_mapping_ptr", a["idx_mapping_ptr"], r)
     nb = _padded_blocks(k, a)
     if r == 0:
@@ -584,10 +590,8 @@ def _rejection_preconditions(a: Mapping[str, Any]) -> None:
     residual = a["local_residual_mass_ptr"] is not None
     require(residual == (block and has_draft), k, "local_residual_mass_ptr",
             "must be a tensor exactly with USE_BLOCK_VERIFICATION and draft logits (K15's output), else None")
-    cu = _request_offsets(k, a)
+    cu = _bonus_offsets(k, a)
     nr = len(cu) - 1
-    for row, end in zip(cu[:-1], cu[1:]):
-        require(end > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
     require_length(k, "idx_mapping_ptr", a["idx_mapping_ptr"], nr)
     nb = _padded_blocks(k, a)
     for name in ("rejected_steps_ptr", "target_rejected_logsumexp_ptr", "draft_rejected_logsumexp_ptr"):
@@ -803,10 +807,8 @@ def _resample_preconditions(a: Mapping[str, Any]) -> None:
     at_least(k, "vocab_size", a["vocab_size"], 1)
     _block_preconditions(k, a)
     v, nb = a["vocab_size"], cdiv(a["vocab_size"], a["BLOCK_SIZE"])
-    cu = _request_offsets(k, a)
+    cu = _bonus_offsets(k, a)
     nr = len(cu) - 1
-    for row, end in zip(cu[:-1], cu[1:]):
-        require(end > row, k, "cu_num_logits_ptr", "must give every request at least its bonus row")
     require_length(k, "rejected_step_ptr", a["rejected_step_ptr"], nr)
     if nr == 0:
         return
