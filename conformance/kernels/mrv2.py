@@ -307,6 +307,18 @@ def _row_stats(name: str, out: str, doc: str) -> tuple[Any, ...]:
             scalar(f"{name}_stride", "row stride"))
 
 
+def _target_logits() -> tuple[Any, ...]:
+    return (ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits (finite or -inf, C30)", ndim=(2,)),
+            scalar("target_logits_stride", "row stride of target_logits"))
+
+
+def _draft_logits(optional: bool) -> tuple[Any, ...]:
+    return (ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits"
+                + (", or None" if optional else ""), optional=optional, ndim=(3,)),
+            scalar("draft_logits_stride_0", "slot stride (0 without draft logits)"),
+            scalar("draft_logits_stride_1", "step stride (0 without draft logits)"))
+
+
 LOGITS_STATS = KernelSpec(
     name=K13,
     family="mrv2",
@@ -317,12 +329,8 @@ LOGITS_STATS = KernelSpec(
         *_row_stats("target_local_sumexp", "f", "[NL, NB] random rows: sum of exp(x - tile max) (C29)"),
         *_row_stats("draft_local_max", "f", "[NL, NB] random rows with draft logits: the tile's maximum of draft / t"),
         *_row_stats("draft_local_sumexp", "f", "[NL, NB] ... and its sum of exponentials"),
-        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits (finite or -inf, C30)", ndim=(2,)),
-        scalar("target_logits_stride", "row stride of target_logits"),
-        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
-            optional=True, ndim=(3,)),
-        scalar("draft_logits_stride_0", "slot stride (0 without draft logits)"),
-        scalar("draft_logits_stride_1", "step stride (0 without draft logits)"),
+        *_target_logits(),
+        *_draft_logits(optional=True),
         ptr("expanded_idx_mapping_ptr", INT, I64, "[NL] the state slot of each row"),
         ptr("expanded_local_pos_ptr", INT, I32, "[NL] the row's step inside its request"),
         ptr("temp_ptr", (F32,), F32, "[max_num_reqs] temperature per slot; 0 is greedy"),
@@ -442,14 +450,10 @@ CUMULATIVE_LOG_P = KernelSpec(
     params=(
         ptr("cumulative_log_p_ptr", (F32,), F32, "[NL] out: min(0, running sum of log p - log q) at each draft row",
             role=Role.OUT),
-        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
-        scalar("target_logits_stride"),
+        *_target_logits(),
         *_stats_params("target")[:4],
         ptr("draft_sampled_ptr", INT, I32, "[NL] row i + 1 holds draft i; -1 is a placeholder"),
-        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
-            optional=True, ndim=(3,)),
-        scalar("draft_logits_stride_0"),
-        scalar("draft_logits_stride_1"),
+        *_draft_logits(optional=True),
         *_stats_params("draft"),
         ptr("cu_num_logits_ptr", INT, I32, "[R+1] exclusive row offsets"),
         ptr("idx_mapping_ptr", INT, I64, "[R] the state slot of each request"),
@@ -530,12 +534,9 @@ LOCAL_RESIDUAL_MASS = KernelSpec(
     params=(
         *_row_stats("local_residual_mass", "f", "[NL, NB] out: each tile's sum of max(p_prev * p(x) - q(x), 0) (C29)"),
         ptr("cumulative_log_p_ptr", (F32,), F32, "[NL] K14's running log-ratio; row i reads row i - 1"),
-        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
-        scalar("target_logits_stride"),
+        *_target_logits(),
         *_stats_params("target"),
-        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits", ndim=(3,)),
-        scalar("draft_logits_stride_0"),
-        scalar("draft_logits_stride_1"),
+        *_draft_logits(optional=False),
         *_stats_params("draft"),
         ptr("draft_sampled_ptr", INT, I32, "[NL] row i + 1 holds draft i; -1 is a placeholder"),
         ptr("expanded_idx_mapping_ptr", INT, I64, "[NL] the state slot of each row"),
@@ -707,16 +708,12 @@ REJECTION = KernelSpec(
             role=Role.OUT),
         ptr("draft_rejected_logsumexp_ptr", (F32,), F32, "[R] out: the draft log-sum-exp (0 for one-hot drafts)",
             role=Role.OUT),
-        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
-        scalar("target_logits_stride"),
+        *_target_logits(),
         ptr("target_local_argmax_ptr", INT, I64, "[NL, NB] greedy rows: each tile's argmax (K13)", ndim=(1, 2)),
         scalar("target_local_argmax_stride"),
         *_stats_params("target"),
         ptr("draft_sampled_ptr", INT, I32, "[NL] row i + 1 holds draft i; -1 is a placeholder"),
-        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
-            optional=True, ndim=(3,)),
-        scalar("draft_logits_stride_0"),
-        scalar("draft_logits_stride_1"),
+        *_draft_logits(optional=True),
         *_stats_params("draft"),
         ptr("cu_num_logits_ptr", INT, I32, "[R+1] exclusive row offsets"),
         ptr("idx_mapping_ptr", INT, I64, "[R] the state slot of each request"),
@@ -867,13 +864,9 @@ RESAMPLE = KernelSpec(
         ptr("resampled_local_max_ptr", (F32, torch.float64), F32, "[R, NBr] out: each tile's winning score (float64 "
             "with USE_FP64)", role=Role.OUT, ndim=(1, 2), float64_rtol=NOISE64_RTOL),
         scalar("resampled_local_max_stride", "row stride"),
-        ptr("target_logits_ptr", LOGITS, F32, "[NL, V_t] target logits", ndim=(2,)),
-        scalar("target_logits_stride"),
+        *_target_logits(),
         ptr("target_rejected_logsumexp_ptr", (F32,), F32, "[R] K16's target log-sum-exp at the resampled row"),
-        ptr("draft_logits_ptr", LOGITS, F32, "[max_num_reqs, K, V_d] pre-temperature draft logits, or None",
-            optional=True, ndim=(3,)),
-        scalar("draft_logits_stride_0"),
-        scalar("draft_logits_stride_1"),
+        *_draft_logits(optional=True),
         ptr("draft_rejected_logsumexp_ptr", (F32,), F32, "[R] K16's draft log-sum-exp"),
         ptr("rejected_step_ptr", INT, I32, "[R] K16's accepted drafts: the step resampled"),
         ptr("cu_num_logits_ptr", INT, I32, "[R+1] exclusive row offsets"),
