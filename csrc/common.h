@@ -29,7 +29,7 @@ constexpr std::int64_t kParallelGatherRows = 256;
 // Vectorized streaming loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
 // load time, so the default build is fast on every machine.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SPECDIFF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define SPECDIFF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SPECDIFF_CLONES
 #endif

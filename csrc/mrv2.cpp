@@ -16,6 +16,7 @@
 #include "gumbel.h"
 #include "launch.h"
 #include "metadata.h"
+#include "vmath.h"
 
 namespace specdiff {
 namespace {
@@ -153,16 +154,19 @@ void need_cells(const char* k, const char* name, const Buffer& b, const std::vec
                       std::to_string(stride) + " (" + std::to_string(b.numel) + " elements)");
 }
 
-// `width` logits from each flat start exist and are finite or -inf (C30); checked before any write.
+// `width` logits from each flat start exist and (unless `spans_only`) are finite or -inf (C30);
+// checked before any write. The vocabulary-wide kernels check the spans first and the values in
+// their one pass over the logits (load_logits).
 template <class T>
 void need_logits(const char* k, const char* name, const Buffer& b, const std::vector<std::int64_t>& starts,
-                 std::int64_t width) {
+                 std::int64_t width, bool spans_only = false) {
   if (starts.empty() || width == 0) return;
   const T* p = b.as<T>();
   for (const std::int64_t at : starts) {
     if (at < 0 || at > b.numel - width)
       fail(k, name, "must hold " + std::to_string(width) + " elements from flat index " + std::to_string(at) + " (" +
                         std::to_string(b.numel) + " elements)");
+    if (spans_only) continue;
     for (std::int64_t j = 0; j < width; ++j) {
       const float x = to_float(p[at + j]);
       if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
@@ -203,15 +207,67 @@ struct TileStats {
   float sumexp;
 };
 
-inline TileStats max_and_sumexp(const float* x, std::int64_t n) {
+inline std::int64_t fixed_term(float term) { return static_cast<std::int64_t>(static_cast<double>(term) * kSumScale); }
+
+// Eight lanes at a time (vmath.h); lanes vmath reports are recomputed with gumbel::exp32.
+SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
+  using namespace vmath;
+  const std::int64_t n8 = n & ~std::int64_t{7};
+  F8 top = F8{} + kNegInf;
+  for (std::int64_t j = 0; j < n8; j += 8) {
+    const F8 v = loadu(x + j);
+    top = top < v ? v : top;  // std::max, lane by lane
+  }
   float m = kNegInf;
-  for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  for (int l = 0; l < 8 && n8 > 0; ++l) m = std::max(m, top[l]);
+  for (std::int64_t j = n8; j < n; ++j) m = std::max(m, x[j]);
   if (!(m > kNegInf)) return {m, 0.0f};
+  L8 sum{}, fix{};
+  for (std::int64_t j = 0; j < n8; j += 8) sum += fixed46(exp32(loadu(x + j) - m, fix));
   std::int64_t fixed = 0;
-  for (std::int64_t j = 0; j < n; ++j)
-    fixed += static_cast<std::int64_t>(static_cast<double>(gumbel::exp32(x[j] - m)) * kSumScale);
+  for (int l = 0; l < 8; ++l) fixed += sum[l];
+  if (any(fix))  // rare (about one lane in 2^16): the reported lanes' terms again, from the scalar exp32
+    for (std::int64_t j = 0; j < n8; j += 8) {
+      L8 lanes{};
+      const L8 terms = fixed46(exp32(loadu(x + j) - m, lanes));
+      for (int l = 0; l < 8; ++l)
+        if (lanes[l]) fixed += fixed_term(gumbel::exp32(x[j + l] - m)) - terms[l];
+    }
+  for (std::int64_t j = n8; j < n; ++j) fixed += fixed_term(gumbel::exp32(x[j] - m));
   return {m, static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale))};
 }
+
+// Copies n logits as float32 into `dst`, -0.0 read as +0.0 (C30) and divided by `temperature`
+// unless it is 1, and returns what the value checks would refuse: kNotFinite (NaN or +inf read)
+// and kInfScaled (+inf after the division). Kernels compute from `dst` into scratch and run the
+// checks that name the argument only when a tile reports something, before writing any output:
+// one pass over the logits instead of three.
+constexpr int kNotFinite = 1, kInfScaled = 2;
+
+#define SPECDIFF_LOAD_LOGITS(T)                                                                           \
+  SPECDIFF_CLONES int load_logits(const T* src, std::int64_t n, float temperature, float* dst) {          \
+    constexpr float inf = std::numeric_limits<float>::infinity();                                         \
+    int bad = 0, scaled_inf = 0;                                                                          \
+    if (temperature == 1.0f) {                                                                            \
+      for (std::int64_t q = 0; q < n; ++q) {                                                              \
+        const float v = to_float(src[q]);                                                                 \
+        bad |= !(v < inf);                                                                                \
+        dst[q] = v + 0.0f;                                                                                \
+      }                                                                                                   \
+      return bad;                                                                                         \
+    }                                                                                                     \
+    for (std::int64_t q = 0; q < n; ++q) {                                                                \
+      const float v = to_float(src[q]);                                                                   \
+      bad |= !(v < inf);                                                                                  \
+      dst[q] = (v + 0.0f) / temperature;                                                                  \
+      scaled_inf |= dst[q] == inf;                                                                        \
+    }                                                                                                     \
+    return bad * kNotFinite | scaled_inf * kInfScaled;                                                    \
+  }
+SPECDIFF_LOAD_LOGITS(float)
+SPECDIFF_LOAD_LOGITS(BFloat16)
+SPECDIFF_LOAD_LOGITS(_Float16)
+#undef SPECDIFF_LOAD_LOGITS
 
 // -- K13 ---------------------------------------------------------------------------------------------
 void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, std::int64_t t_max_stride, Buffer t_sumexp,
@@ -255,7 +311,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
   need_at_least(k, "target_logits_stride", target_stride, 0);
   for (const std::int64_t i : rows) target_starts.push_back(flat_index(i, target_stride, 0));
   with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
-    need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_starts, vocab);
+    need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_starts, vocab, true);
   });
   std::vector<std::size_t> draft_index(rows.size());  // row j's entry in draft_starts (random rows only)
   if (has_draft) {
@@ -269,57 +325,73 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
       }
     }
     with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+      need_logits<decltype(d_)>(k, "draft_logits_ptr", draft, draft_starts, vocab, true);
+    });
+  }
+  // Every cell's statistics go to scratch first: the value checks run in the same pass (load_logits).
+  const std::int64_t cells = static_cast<std::int64_t>(rows.size()) * nb;
+  std::vector<std::int64_t> argmax(cells);
+  std::vector<float> tmax(cells), tsum(cells), dmax(has_draft ? cells : 0), dsum(has_draft ? cells : 0);
+  int bad_target = 0, bad_draft = 0;
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+    using T = decltype(t_);
+    with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
       using D = decltype(d_);
-      need_logits<D>(k, "draft_logits_ptr", draft, draft_starts, vocab);
-      std::size_t r = 0;
-      for (std::size_t j = 0; j < rows.size(); ++j) {
-        if (!(t[j] > 0.0f)) continue;
-        const D* row = draft.as<D>() + draft_starts[r++];
-        for (std::int64_t c = 0; c < vocab; ++c)
-          if (to_float(row[c]) / t[j] == std::numeric_limits<float>::infinity())
-            fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+      py::gil_scoped_release nogil;
+#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad_target, bad_draft)
+      {
+        std::vector<float> x(block);
+#pragma omp for schedule(static)
+        for (std::int64_t c = 0; c < cells; ++c) {
+          const std::size_t j = static_cast<std::size_t>(c / nb);
+          const std::int64_t b = c % nb, lo = b * block, n = std::min(block, vocab - lo);
+          bad_target |= load_logits(target.as<T>() + target_starts[j] + lo, n, 1.0f, x.data());
+          if (t[j] == 0.0f) {
+            std::int64_t best = 0;  // the first index of the maximum (-inf tiles: 0)
+            for (std::int64_t q = 1; q < n; ++q)
+              if (x[q] > x[best]) best = q;
+            argmax[c] = lo + best;
+            tmax[c] = n > 0 ? x[best] : kNegInf;
+            continue;
+          }
+          const TileStats ts = max_and_sumexp(x.data(), n);
+          tmax[c] = ts.max;
+          tsum[c] = ts.sumexp;
+          if (has_draft) {
+            bad_draft |= load_logits(draft.as<D>() + draft_starts[draft_index[j]] + lo, n, t[j], x.data());
+            const TileStats ds = max_and_sumexp(x.data(), n);
+            dmax[c] = ds.max;
+            dsum[c] = ds.sumexp;
+          }
+        }
       }
     });
+  });
+  if (bad_target | bad_draft) {
+    with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+      need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_starts, vocab);
+    });
+    if (has_draft)
+      with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+        need_logits<decltype(d_)>(k, "draft_logits_ptr", draft, draft_starts, vocab);
+      });
+    fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
   }
   with_int(k, "target_local_argmax_ptr", t_argmax.dtype, [&](auto a_) {
     using A = decltype(a_);
-    with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
-      using T = decltype(t_);
-      with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
-        using D = decltype(d_);
-        const std::int64_t cells = static_cast<std::int64_t>(rows.size()) * nb;
-        py::gil_scoped_release nogil;
-#pragma omp parallel if (cells * block >= (1 << 16))
-        {
-          std::vector<float> x(block);
-#pragma omp for schedule(static)
-          for (std::int64_t c = 0; c < cells; ++c) {
-            const std::size_t j = static_cast<std::size_t>(c / nb);
-            const std::int64_t b = c % nb, i = rows[j], lo = b * block, n = std::min(block, vocab - lo);
-            const T* row = target.as<T>() + target_starts[j] + lo;
-            for (std::int64_t q = 0; q < n; ++q) x[q] = to_float(row[q]) + 0.0f;  // -0.0 reads as +0.0 (C30)
-            if (t[j] == 0.0f) {
-              std::int64_t best = 0;  // the first index of the maximum (-inf tiles: 0)
-              for (std::int64_t q = 1; q < n; ++q)
-                if (x[q] > x[best]) best = q;
-              t_argmax.as<A>()[i * t_argmax_stride + b] = static_cast<A>(lo + best);
-              t_max.as<float>()[i * t_max_stride + b] = n > 0 ? x[best] : kNegInf;
-              continue;
-            }
-            const TileStats ts = max_and_sumexp(x.data(), n);
-            t_max.as<float>()[i * t_max_stride + b] = ts.max;
-            t_sumexp.as<float>()[i * t_sumexp_stride + b] = ts.sumexp;
-            if (has_draft) {
-              const D* d = draft.as<D>() + draft_starts[draft_index[j]] + lo;
-              for (std::int64_t q = 0; q < n; ++q) x[q] = (to_float(d[q]) + 0.0f) / t[j];
-              const TileStats ds = max_and_sumexp(x.data(), n);
-              d_max.as<float>()[i * d_max_stride + b] = ds.max;
-              d_sumexp.as<float>()[i * d_sumexp_stride + b] = ds.sumexp;
-            }
-          }
-        }
-      });
-    });
+    for (std::int64_t c = 0; c < cells; ++c) {
+      const std::int64_t i = rows[static_cast<std::size_t>(c / nb)], b = c % nb;
+      t_max.as<float>()[i * t_max_stride + b] = tmax[c];
+      if (t[static_cast<std::size_t>(c / nb)] == 0.0f) {
+        t_argmax.as<A>()[i * t_argmax_stride + b] = static_cast<A>(argmax[c]);
+        continue;
+      }
+      t_sumexp.as<float>()[i * t_sumexp_stride + b] = tsum[c];
+      if (has_draft) {
+        d_max.as<float>()[i * d_max_stride + b] = dmax[c];
+        d_sumexp.as<float>()[i * d_sumexp_stride + b] = dsum[c];
+      }
+    }
   });
 }
 
@@ -479,6 +551,48 @@ void need_vocab_blocks(const char* k, std::int64_t vocab, std::int64_t block, st
   if (nb != tiles) fail(k, "vocab_num_blocks", "must be cdiv(vocab_size, BLOCK_SIZE) = " + std::to_string(tiles));
 }
 
+// K15's tile: the C29 sum of max(fma(P, exp32(x - lse_t), -exp32(y - lse_d)), 0). Sets `above`
+// when a logit lies above its row's log-sum-exp (statistics not of these logits).
+inline std::int64_t residual_term(float x, float y, float lse_t, float lse_d, float p_prev) {
+  const float m_b = gumbel::exp32(x - lse_t), m_s = gumbel::exp32(y - lse_d);
+  return fixed_term(std::max(std::fmaf(p_prev, m_b, -m_s), 0.0f));
+}
+
+SPECDIFF_CLONES std::int64_t residual_mass(const float* x, const float* y, std::int64_t n, float lse_t, float lse_d,
+                                           float p_prev, int& above) {
+  using namespace vmath;
+  const std::int64_t n8 = n & ~std::int64_t{7};
+  const auto terms = [&](std::int64_t j, L8& fix) __attribute__((always_inline)) {  // inlined: vector ABI
+    const F8 m_b = exp32(loadu(x + j) - lse_t, fix), m_s = exp32(loadu(y + j) - lse_d, fix);
+    const F8 term = fma32(F8{} + p_prev, m_b, -m_s, fix);
+    return fixed46(term < 0.0f ? F8{} : term);  // std::max(term, 0)
+  };
+  L8 sum{}, fix{};
+  F8 top = F8{} + kNegInf, top_d = F8{} + kNegInf;
+  for (std::int64_t j = 0; j < n8; j += 8) {
+    top = top < loadu(x + j) ? loadu(x + j) : top;
+    top_d = top_d < loadu(y + j) ? loadu(y + j) : top_d;
+    sum += terms(j, fix);
+  }
+  std::int64_t fixed = 0;
+  for (int l = 0; l < 8; ++l) {
+    fixed += sum[l];
+    above |= top[l] > lse_t || top_d[l] > lse_d;
+  }
+  if (any(fix))
+    for (std::int64_t j = 0; j < n8; j += 8) {
+      L8 lanes{};
+      const L8 vector_terms = terms(j, lanes);
+      for (int l = 0; l < 8; ++l)
+        if (lanes[l]) fixed += residual_term(x[j + l], y[j + l], lse_t, lse_d, p_prev) - vector_terms[l];
+    }
+  for (std::int64_t j = n8; j < n; ++j) {
+    above |= x[j] > lse_t || y[j] > lse_d;
+    fixed += residual_term(x[j], y[j], lse_t, lse_d, p_prev);
+  }
+  return fixed;
+}
+
 // -- K15 ---------------------------------------------------------------------------------------------
 void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative, Buffer target, std::int64_t target_stride,
                          Buffer t_max, std::int64_t t_max_stride, Buffer t_sumexp, std::int64_t t_sumexp_stride,
@@ -533,43 +647,63 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
   const Stats ts{t_max.as<float>(), t_max_stride, t_sumexp.as<float>(), t_sumexp_stride};
   const Stats ds{d_max.as<float>(), d_max_stride, d_sumexp.as<float>(), d_sumexp_stride};
   with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+    need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_at, vocab, true);
+  });
+  with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+    need_logits<decltype(d_)>(k, "draft_logits_ptr", draft, draft_at, vocab, true);
+  });
+  // Masses go to scratch; the value checks run in the same pass and name the argument afterwards.
+  const std::int64_t cells = static_cast<std::int64_t>(rows.size()) * nb;
+  std::vector<float> masses(cells), lse_t(rows.size()), lse_d(rows.size());
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    lse_t[j] = logsumexp(ts, rows[j], nb);
+    lse_d[j] = logsumexp(ds, rows[j], nb);
+  }
+  int bad = 0, above = 0;
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
     using T = decltype(t_);
-    need_logits<T>(k, "target_logits_ptr", target, target_at, vocab);
     with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
       using D = decltype(d_);
-      need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
-      const auto scaled = [&](std::size_t j, std::int64_t c) { return to_float(draft.as<D>()[draft_at[j] + c]) / t[j]; };
-      for (std::size_t j = 0; j < rows.size(); ++j)
-        for (std::int64_t c = 0; c < vocab; ++c)
-          if (scaled(j, c) == std::numeric_limits<float>::infinity())
-            fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
-      need_log_probs(k, "target", ts, rows, nb, vocab,
-                     [&](std::size_t j, std::int64_t c) { return to_float(target.as<T>()[target_at[j] + c]); });
-      need_log_probs(k, "draft", ds, rows, nb, vocab, scaled);
-      const std::int64_t cells = static_cast<std::int64_t>(rows.size()) * nb;
-      float* mass = out.as<float>();
       const float* prefix = cumulative.as<float>();
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (cells * block >= (1 << 16)) schedule(static)
-      for (std::int64_t c = 0; c < cells; ++c) {
-        const std::size_t j = static_cast<std::size_t>(c / nb);
-        const std::int64_t b = c % nb, i = rows[j], lo = b * block, n = std::min(block, vocab - lo);
-        const float lse_t = logsumexp(ts, i, nb), lse_d = logsumexp(ds, i, nb);
-        // p_prev: the joint ratio before this step. Each term is one rounding (C29), in [0, 1].
-        const float p_prev = gumbel::exp32(prefix[i - 1]);
-        const T* x = target.as<T>() + target_at[j] + lo;
-        const D* y = draft.as<D>() + draft_at[j] + lo;
-        std::int64_t fixed = 0;
-        for (std::int64_t q = 0; q < n; ++q) {
-          const float m_b = gumbel::exp32(to_float(x[q]) - lse_t);
-          const float m_s = gumbel::exp32(to_float(y[q]) / t[j] - lse_d);
-          const float term = std::max(std::fmaf(p_prev, m_b, -m_s), 0.0f);
-          fixed += static_cast<std::int64_t>(static_cast<double>(term) * kSumScale);
+#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad, above)
+      {
+        std::vector<float> x(block), y(block);
+#pragma omp for schedule(static)
+        for (std::int64_t c = 0; c < cells; ++c) {
+          const std::size_t j = static_cast<std::size_t>(c / nb);
+          const std::int64_t b = c % nb, i = rows[j], lo = b * block, n = std::min(block, vocab - lo);
+          bad |= load_logits(target.as<T>() + target_at[j] + lo, n, 1.0f, x.data());
+          bad |= load_logits(draft.as<D>() + draft_at[j] + lo, n, t[j], y.data());
+          // p_prev: the joint ratio before this step. Each term is one rounding (C29), in [0, 1].
+          const float p_prev = gumbel::exp32(prefix[i - 1]);
+          const std::int64_t fixed = residual_mass(x.data(), y.data(), n, lse_t[j], lse_d[j], p_prev, above);
+          masses[c] = static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale));
         }
-        mass[i * out_stride + b] = static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale));
       }
     });
   });
+  if (bad | above) {
+    with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+      using T = decltype(t_);
+      need_logits<T>(k, "target_logits_ptr", target, target_at, vocab);
+      with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+        using D = decltype(d_);
+        need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
+        const auto scaled = [&](std::size_t j, std::int64_t c) { return to_float(draft.as<D>()[draft_at[j] + c]) / t[j]; };
+        for (std::size_t j = 0; j < rows.size(); ++j)
+          for (std::int64_t c = 0; c < vocab; ++c)
+            if (scaled(j, c) == std::numeric_limits<float>::infinity())
+              fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+        need_log_probs(k, "target", ts, rows, nb, vocab,
+                       [&](std::size_t j, std::int64_t c) { return to_float(target.as<T>()[target_at[j] + c]); });
+        need_log_probs(k, "draft", ds, rows, nb, vocab, scaled);
+      });
+    });
+    fail(k, "local_residual_mass_ptr", "could not be computed (a value check reported and then passed)");
+  }
+  float* mass = out.as<float>();
+  for (std::int64_t c = 0; c < cells; ++c) mass[rows[static_cast<std::size_t>(c / nb)] * out_stride + c % nb] = masses[c];
 }
 
 // -- K16 ---------------------------------------------------------------------------------------------
@@ -843,6 +977,95 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
 }
 
 // -- K17 ---------------------------------------------------------------------------------------------
+// One tile of a resampled row: `x` the target logits (-0.0 read as +0.0; a one-hot draft's token
+// already -inf), `y` the draft's divided by the temperature for a residual row, else null.
+struct ResampleTile {
+  const float* x;
+  const float* y;
+  float lse_t, lse_d, shift;
+  bool shifted, noise;
+  std::int64_t seed, pos, lo;
+};
+
+// The tile's score at q with float32 noise, as the scalar port computes it.
+inline float resample_score32(const ResampleTile& r, std::int64_t q) {
+  float v = r.x[q];
+  if (r.y != nullptr) {
+    float lp = v - r.lse_t;
+    if (r.shifted) lp = lp + r.shift;  // the block residual scales p by the joint ratio
+    const float lq = r.y[q] - r.lse_d;
+    // log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
+    const float ratio = gumbel::exp32(lq - lp);
+    v = ratio < 1.0f ? lp + gumbel::log1p32(-ratio) : kNegInf;
+  }
+  if (r.noise)
+    v = v + gumbel::gumbel32(gumbel::murmur3_uniform32(r.seed, r.pos, static_cast<std::uint32_t>(r.lo + q)));
+  return v;
+}
+
+// The first index of the tile's largest float32 score and that score (all -inf: index 0). The
+// scores go to `scores` eight lanes at a time, the lanes vmath reports are then recomputed by
+// resample_score32 (a second pass: GCC 12 scalarizes the lane masks of a loop that reads them),
+// and a third pass takes the argmax.
+SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTile& r, std::int64_t n, float* scores) {
+  using namespace vmath;
+  const std::int64_t n8 = n & ~std::int64_t{7};
+  const std::uint64_t sd = static_cast<std::uint64_t>(r.seed);
+  const std::uint32_t h = gumbel::mix(gumbel::mix(gumbel::mix(0u, static_cast<std::uint32_t>(sd)),
+                                                  static_cast<std::uint32_t>(sd >> 32)),
+                                      static_cast<std::uint32_t>(static_cast<std::uint64_t>(r.pos)));
+  const I8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  const auto score8 = [&](std::int64_t j, L8& fix) __attribute__((always_inline)) {  // inlined: vector ABI
+    F8 v = loadu(r.x + j);
+    if (r.y != nullptr) {
+      F8 lp = v - r.lse_t;
+      if (r.shifted) lp = lp + r.shift;
+      const F8 ratio = exp32(loadu(r.y + j) - r.lse_d - lp, fix);
+      const F8 log1p = log1p32(ratio < 1.0f ? -ratio : F8{}, fix);
+      v = ratio < 1.0f ? lp + log1p : F8{} + kNegInf;
+    }
+    if (r.noise) {
+      const U8 key = reinterpret_cast<U8>(lane + static_cast<std::int32_t>(r.lo + j));
+      v = v + gumbel32(uniform32(murmur3_finish(h, key)), fix);
+    }
+    return v;
+  };
+  L8 fix{};
+  for (std::int64_t j = 0; j < n8; j += 8) {
+    const F8 v = score8(j, fix);
+    std::memcpy(scores + j, &v, sizeof v);
+  }
+  if (any(fix))
+    for (std::int64_t j = 0; j < n8; j += 8) {
+      L8 lanes{};
+      score8(j, lanes);
+      for (int l = 0; l < 8; ++l)
+        if (lanes[l]) scores[j + l] = resample_score32(r, j + l);
+    }
+  for (std::int64_t q = n8; q < n; ++q) scores[q] = resample_score32(r, q);
+  F8 best = F8{} + kNegInf;
+  I8 at = lane;  // each lane's first index of its best (all -inf: its first)
+  for (std::int64_t j = 0; j < n8; j += 8) {
+    const F8 v = loadu(scores + j);
+    at = best < v ? lane + static_cast<std::int32_t>(j) : at;
+    best = best < v ? v : best;
+  }
+  float top = kNegInf;
+  std::int64_t arg = 0;
+  if (n8 > 0) {
+    for (int l = 0; l < 8; ++l) top = std::max(top, best[l]);
+    arg = n8;
+    for (int l = 0; l < 8; ++l)
+      if (best[l] == top) arg = std::min<std::int64_t>(arg, at[l]);
+  }
+  for (std::int64_t q = n8; q < n; ++q)
+    if (q == 0 || scores[q] > top) {
+      top = scores[q];
+      arg = q;
+    }
+  return {top, arg};
+}
+
 void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max, std::int64_t out_max_stride, Buffer target,
               std::int64_t target_stride, Buffer target_lse, Buffer draft, std::int64_t draft_stride_0,
               std::int64_t draft_stride_1, Buffer draft_lse, Buffer rejected_step, Buffer cu_num_logits,
@@ -890,7 +1113,6 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
   // Writers: random requests, and greedy ones at their bonus row. A residual request takes its
   // rejected draft's distribution out of the target's.
   std::vector<std::int64_t> writers, residual, target_at, draft_at;
-  std::vector<float> residual_t;
   std::vector<char> bonus(reqs), takes_draft(reqs);
   for (std::int64_t r = 0; r < reqs; ++r) {
     bonus[r] = rows[r] == cu[r + 1] - 1;
@@ -909,7 +1131,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
   need_at_least(k, "target_logits_stride", target_stride, 0);
   for (const std::int64_t r : writers) target_at.push_back(flat_index(rows[r], target_stride, 0));
   with_logits(k, "target_logits_ptr", target.dtype,
-              [&](auto t_) { need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_at, vocab); });
+              [&](auto t_) { need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_at, vocab, true); });
   if (!residual.empty()) {
     for (const auto& [name, b] : {std::pair<const char*, const Buffer*>{"target_rejected_logsumexp_ptr", &target_lse},
                                   {"draft_rejected_logsumexp_ptr", &draft_lse}}) {
@@ -923,15 +1145,9 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
     need_at_least(k, "draft_logits_stride_1", draft_stride_1, 0);
     for (const std::int64_t r : residual) {
       draft_at.push_back(draft_offset(slots[r], draft_stride_0, steps[r], draft_stride_1, 0));
-      residual_t.push_back(t[r]);
     }
     with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
-      using D = decltype(d_);
-      need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
-      for (std::size_t j = 0; j < draft_at.size(); ++j)
-        for (std::int64_t c = 0; c < vocab; ++c)
-          if (to_float(draft.as<D>()[draft_at[j] + c]) / residual_t[j] == std::numeric_limits<float>::infinity())
-            fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+      need_logits<decltype(d_)>(k, "draft_logits_ptr", draft, draft_at, vocab, true);
     });
     if (use_block) {
       std::int64_t last = -1;
@@ -955,46 +1171,67 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
     using M = decltype(m_);
     using T = decltype(t_);
     using D = decltype(d_);
+    // Tiles go to scratch; the value checks run in the same pass and name the argument afterwards.
     const std::int64_t cells = static_cast<std::int64_t>(writers.size()) * nb;
-    py::gil_scoped_release nogil;
-#pragma omp parallel for if (cells * block >= (1 << 16)) schedule(static)
-    for (std::int64_t c = 0; c < cells; ++c) {
-      const std::int64_t r = writers[static_cast<std::size_t>(c / nb)], b = c % nb, lo = b * block;
-      const std::int64_t n = std::min(block, vocab - lo), row = rows[r], seed = seed_buf.as<std::int64_t>()[slots[r]];
-      const T* x = target.as<T>() + row * target_stride + lo;
-      const D* y = has_draft ? draft.as<D>() + slots[r] * draft_stride_0 + steps[r] * draft_stride_1 + lo : nullptr;
-      const float lse_t = takes_draft[r] && has_draft ? target_lse.as<float>()[r] : 0.0f;
-      const float lse_d = takes_draft[r] && has_draft ? draft_lse.as<float>()[r] : 0.0f;
-      const float shift = use_block && takes_draft[r] && has_draft && steps[r] > 0 ? cumulative.as<float>()[row - 1] : 0.0f;
-      M best = -std::numeric_limits<M>::infinity();
-      std::int64_t arg = 0;
-      for (std::int64_t q = 0; q < n; ++q) {
-        float v = to_float(x[q]) + 0.0f;  // -0.0 reads as +0.0 (C30)
-        if (takes_draft[r] && has_draft) {
-          float lp = v - lse_t;
-          if (use_block && steps[r] > 0) lp = lp + shift;  // the block residual scales p by the joint ratio
-          const float lq = (to_float(y[q]) + 0.0f) / t[r] - lse_d;
-          // log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
-          const float ratio = gumbel::exp32(lq - lp);
-          v = ratio < 1.0f ? lp + gumbel::log1p32(-ratio) : kNegInf;
-        } else if (takes_draft[r] && lo + q == tokens[row + 1]) {
-          v = kNegInf;  // a one-hot draft: the target without it
-        }
-        M score = static_cast<M>(v);
-        if (t[r] != 0.0f) {
-          const auto key = static_cast<std::uint32_t>(lo + q);
-          if constexpr (std::is_same_v<M, double>)
-            score = score + gumbel::gumbel64(gumbel::murmur3_uniform64(seed, pos[row], key));
-          else
-            score = score + gumbel::gumbel32(gumbel::murmur3_uniform32(seed, pos[row], key));
-        }
-        if (q == 0 || score > best) {  // the first index of the maximum (all -inf: index 0)
-          best = score;
-          arg = q;
+    std::vector<std::int64_t> args(cells);
+    std::vector<M> maxima(cells);
+    std::vector<std::size_t> residual_index(reqs);
+    for (std::size_t j = 0; j < residual.size(); ++j) residual_index[residual[j]] = j;
+    int bad = 0;
+    {
+      py::gil_scoped_release nogil;
+#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad)
+      {
+        std::vector<float> x(block), y(block), scores(block);
+#pragma omp for schedule(static)
+        for (std::int64_t c = 0; c < cells; ++c) {
+          const std::size_t w = static_cast<std::size_t>(c / nb);
+          const std::int64_t r = writers[w], b = c % nb, lo = b * block;
+          const std::int64_t n = std::min(block, vocab - lo), row = rows[r];
+          const bool residual_row = takes_draft[r] && has_draft;
+          bad |= load_logits(target.as<T>() + target_at[w] + lo, n, 1.0f, x.data());
+          if (residual_row)
+            bad |= load_logits(draft.as<D>() + draft_at[residual_index[r]] + lo, n, t[r], y.data());
+          else if (takes_draft[r] && tokens[row + 1] >= lo && tokens[row + 1] < lo + n)
+            x[tokens[row + 1] - lo] = kNegInf;  // a one-hot draft: the target without it
+          const bool shifted = use_block && residual_row && steps[r] > 0;
+          const ResampleTile tile{x.data(), residual_row ? y.data() : nullptr,
+                                  residual_row ? target_lse.as<float>()[r] : 0.0f,
+                                  residual_row ? draft_lse.as<float>()[r] : 0.0f,
+                                  shifted ? cumulative.as<float>()[row - 1] : 0.0f, shifted, t[r] != 0.0f,
+                                  seed_buf.as<std::int64_t>()[slots[r]], pos[row], lo};
+          if constexpr (std::is_same_v<M, float>) {
+            std::tie(maxima[c], args[c]) = resample_tile32(tile, n, scores.data());
+          } else {
+            // float64 noise: the float32 value widened, plus float64 Gumbel noise.
+            M best = -std::numeric_limits<M>::infinity();
+            std::int64_t arg = 0;
+            for (std::int64_t q = 0; q < n; ++q) {
+              M score = static_cast<M>(resample_score32(ResampleTile{tile.x, tile.y, tile.lse_t, tile.lse_d, tile.shift,
+                                                                     tile.shifted, false, 0, 0, lo}, q));
+              if (tile.noise)
+                score = score + gumbel::gumbel64(gumbel::murmur3_uniform64(tile.seed, tile.pos,
+                                                                           static_cast<std::uint32_t>(lo + q)));
+              if (q == 0 || score > best) {  // the first index of the maximum (all -inf: index 0)
+                best = score;
+                arg = q;
+              }
+            }
+            maxima[c] = best;
+            args[c] = arg;
+          }
         }
       }
-      out_argmax.as<A>()[r * out_argmax_stride + b] = static_cast<A>(lo + arg);
-      out_max.as<M>()[r * out_max_stride + b] = best;
+    }
+    if (bad) {
+      need_logits<T>(k, "target_logits_ptr", target, target_at, vocab);
+      need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
+      fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+    }
+    for (std::int64_t c = 0; c < cells; ++c) {
+      const std::int64_t r = writers[static_cast<std::size_t>(c / nb)], b = c % nb;
+      out_argmax.as<A>()[r * out_argmax_stride + b] = static_cast<A>(b * block + args[c]);
+      out_max.as<M>()[r * out_max_stride + b] = maxima[c];
     }
   });
   });

@@ -790,3 +790,56 @@ def test_composition_batch_invariance(batch, data):
     keep = reqs[: data.draw(st.integers(0, len(reqs)))]
     part = accepted(*mrv2_rejection_sample(**subset(batch, keep), backend="cpu"))
     assert part == [whole[r] for r in keep]
+
+
+def wide_batch(seed: int, draft_dtype: torch.dtype, spread: float, block: bool, one_hot: bool) -> dict[str, Any]:
+    """Six requests (0 to 3 drafts) over 4099 columns: full eight-lane vectors and a tail in every
+    tile. Logits N(0, spread) with some -inf columns; spread 60 puts exp results in float32's
+    subnormal range. Temperatures 0, 0.7, 1 and 1.3."""
+    g = torch.Generator().manual_seed(seed)
+    drafts, v = [3, 0, 2, 3, 1, 3], 4099
+    n, k, rows = len(drafts), max(drafts), sum(drafts) + len(drafts)
+    target = torch.randn(rows, v, generator=g) * spread
+    target[:, torch.randint(0, v, (40,), generator=g)] = -math.inf
+    draft = (torch.randn(n, k, v, generator=g) * spread).to(draft_dtype)
+    cu = [0]
+    for d in drafts:
+        cu.append(cu[-1] + d + 1)
+    return dict(target_logits=target, draft_logits=None if one_hot else draft,
+                draft_sampled=torch.randint(0, v, (rows,), generator=g, dtype=I32), cu_num_logits=i32(cu),
+                pos=torch.randint(0, 2**40, (rows,), generator=g), idx_mapping=i64(list(range(n))),
+                expanded_idx_mapping=i64([r for r, d in enumerate(drafts) for _ in range(d + 1)]),
+                expanded_local_pos=i32([s for d in drafts for s in range(d + 1)]),
+                temperature=f32([0.0, 0.7, 1.0, 1.3, 1.0, 0.7]),
+                seed=torch.randint(-(2**63), 2**63 - 1, (n,), generator=g), num_speculative_steps=k,
+                use_block_verification=block)
+
+
+@pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16], ids=["f32-drafts", "bf16-drafts"])
+@pytest.mark.parametrize("spread", [3.0, 60.0], ids=["typical", "subnormal-exps"])
+@pytest.mark.parametrize("mode", ["standard", "block", "one-hot"])
+def test_wide_vocabulary_kernels_match_the_oracle(monkeypatch, draft_dtype, spread, mode):
+    """The C++ port's vectorized tiles (csrc/vmath.h) give the oracle's bits: every kernel the
+    composition launches runs on the oracle's inputs on both backends, outputs compared bit for bit."""
+    import conformance.compositions as compositions
+    from conformance import kernels
+
+    real = compositions.launch
+    checked = []
+
+    def both(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
+        spec = kernels.get(kernel)
+        mine = {name: a.clone() if isinstance(a, torch.Tensor) else a for name, a in args.items()}
+        real("reference", kernel, grid, **args)
+        real("cpu", kernel, grid, **mine)
+        for p in spec.outputs:
+            if isinstance(args[p.name], torch.Tensor):
+                want, got = args[p.name], mine[p.name]
+                assert torch.equal(want.view(-1).view(torch.int8), got.view(-1).view(torch.int8)), f"{kernel}: {p.name}"
+        checked.append(kernel)
+
+    monkeypatch.setattr(compositions, "launch", both)
+    batch = wide_batch(11, draft_dtype, spread, mode == "block", mode == "one-hot")
+    compositions.mrv2_rejection_sample(**batch, backend="reference")
+    assert "_resample_kernel" in checked and "_compute_local_logits_stats_kernel" in checked
+    assert ("_compute_local_residual_mass_kernel" in checked) == (mode == "block")

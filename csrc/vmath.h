@@ -1,0 +1,183 @@
+// Eight lanes at a time of the C29 numerics (gumbel.h holds the scalar specification).
+//
+// A float32 transcendental is float32(f(float64(x))): correctly rounded unless f(x) lies so close
+// to the midpoint between two float32 values that the float64 result's last bits decide. The
+// functions here evaluate f in float64 to about 2^-46 relative (range reduction and a polynomial,
+// GCC vector extensions, no library call) and report, in `fix`, every lane whose float64 result
+// lies within 2^12 float64 ulps of a float32 midpoint or in float32's subnormal range. Every other
+// lane rounds to the float32 value any float64 implementation within 2^12 ulps gives, glibc's
+// among them; the caller recomputes the reported lanes (about one in 2^16) with the scalar
+// function. So a vectorized kernel returns the scalar port's bits, lane for lane.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+
+// The helpers pass vectors by value but are always inlined into their (target-cloned) callers.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace specdiff::vmath {
+
+typedef double D8 __attribute__((vector_size(64)));
+typedef std::int64_t L8 __attribute__((vector_size(64)));  // float64 bits, and lane masks (-1 true)
+typedef float F8 __attribute__((vector_size(32)));
+typedef std::int32_t I8 __attribute__((vector_size(32)));  // float32 lane masks
+typedef std::uint32_t U8 __attribute__((vector_size(32)));
+
+[[gnu::always_inline]] inline L8 bits(D8 x) { return reinterpret_cast<L8>(x); }
+[[gnu::always_inline]] inline D8 from_bits(L8 b) { return reinterpret_cast<D8>(b); }
+
+// Lane by lane: GCC 12 lowers __builtin_convertvector of F8 to D8 into four instructions.
+[[gnu::always_inline]] inline D8 widen(F8 f) { return D8{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]}; }
+[[gnu::always_inline]] inline F8 narrow(D8 d) { return __builtin_convertvector(d, F8); }  // round to nearest even
+[[gnu::always_inline]] inline L8 wide_mask(I8 m) { return __builtin_convertvector(m, L8); }
+
+[[gnu::always_inline]] inline F8 loadu(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+[[gnu::always_inline]] inline bool any(L8 m) {
+  std::int64_t r = 0;
+  for (int l = 0; l < 8; ++l) r |= m[l];
+  return r != 0;
+}
+
+constexpr double kMagic = 0x1.8p52;  // x + kMagic rounds x to an integer held in the low bits
+constexpr std::int64_t kMagicBits = 0x4338000000000000;
+
+// Lanes whose float32 rounding may depend on the last `guard` float64 ulps of `y` (`exact`: y is
+// the float64 rounding of an exact value, so only a result on a midpoint is ambiguous), and lanes
+// in float32's subnormal range, whose midpoints lie elsewhere.
+[[gnu::always_inline]] inline void ambiguous(D8 y, std::int64_t guard, L8& fix) {
+  const L8 b = bits(y);
+  const L8 off = (b & ((std::int64_t{1} << 29) - 1)) - (std::int64_t{1} << 28);  // from the float32 midpoint
+  L8 distance = (off ^ (off >> 63)) - (off >> 63);
+  // 2^-151 <= |y| < 2^-126 counts as distance 0; below 2^-151 every float64 neighbour rounds to 0.
+  // Compares only as conditions of selects: GCC 12 scalarizes a compare's mask used as a value.
+  const D8 magnitude = from_bits(b & 0x7FFFFFFFFFFFFFFF);
+  distance = magnitude < 0x1p-126 ? (magnitude >= 0x1p-151 ? L8{} : L8{} + guard) : distance;
+  fix = distance < guard ? L8{} - 1 : fix;
+}
+
+constexpr std::int64_t kGuard = std::int64_t{1} << 12;
+
+// float64 exp, about 2^-47 relative. Lanes are clamped to [-120, 100] first: beyond, the float32
+// result is 0 or +inf for any accuracy (-inf gives 0, NaN stays NaN).
+[[gnu::always_inline]] inline D8 exp64(D8 x) {
+  x = x < -120.0 ? D8{} - 120.0 : x;
+  x = x > 100.0 ? D8{} + 100.0 : x;
+  const D8 t = x * 0x1.71547652b82fep0 + kMagic;  // k = round(x / ln 2) in t's low bits
+  const D8 k = t - kMagic;
+  // ln 2 in two parts (fdlibm's): k * hi is exact, and so is x - k * hi for |k| < 2^8.
+  const D8 r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;  // |r| <= 0.347
+  // Taylor to degree 11 (0.347^12 / 12! < 2^-47) by Estrin's scheme: Horner's chain of eleven
+  // dependent multiply-adds held the loop to its latency.
+  const D8 r2 = r * r, r4 = r2 * r2;
+  const D8 a = (1.0 + r) + r2 * (0.5 + r * (1.0 / 6.0));
+  const D8 b = (1.0 / 24.0 + r * (1.0 / 120.0)) + r2 * (1.0 / 720.0 + r * (1.0 / 5040.0));
+  const D8 c = (1.0 / 40320.0 + r * (1.0 / 362880.0)) + r2 * (1.0 / 3628800.0 + r * (1.0 / 39916800.0));
+  const D8 p = a + r4 * (b + r4 * c);
+  return p * from_bits((bits(t) + 1023) << 52);  // 2^k: the exponent field from k's low bits
+}
+
+// float64 log of positive normal lanes, about 2^-50 relative: x = 2^e m with m in [sqrt(1/2),
+// sqrt(2)), log m = 2 atanh(s), s = (m - 1) / (m + 1), a series in s^2 <= 0.0295 to degree 8.
+[[gnu::always_inline]] inline D8 log64(D8 x) {
+  const L8 b = bits(x);
+  L8 e = (b >> 52) - 1023;
+  D8 m = from_bits((b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000);
+  e = m > 1.4142135623730951 ? e + 1 : e;
+  m = m > 1.4142135623730951 ? m * 0.5 : m;
+  const D8 f = m - 1.0;
+  const D8 s = f / (2.0 + f);
+  const D8 z = s * s;
+  D8 q = D8{} + 2.0 / 17.0;
+  for (const double c : {2.0 / 15.0, 2.0 / 13.0, 2.0 / 11.0, 2.0 / 9.0, 2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0}) q = q * z + c;
+  const D8 lm = 2.0 * s + s * (z * q);
+  const D8 ed = from_bits(e + kMagicBits) - kMagic;
+  return ed * 6.93147180369123816490e-01 + (lm + ed * 1.90821492927058770002e-10);
+}
+
+// float32(exp(float64(x))).
+[[gnu::always_inline]] inline F8 exp32(F8 x, L8& fix) {
+  const D8 y = exp64(widen(x));
+  ambiguous(y, kGuard, fix);
+  return narrow(y);
+}
+
+// float32(log(float64(x))); lanes not positive, finite and normal are left to the caller.
+[[gnu::always_inline]] inline F8 log32(F8 x, L8& fix) {
+  D8 w = widen(x);
+  fix = w >= 0x1p-126 ? (w <= 0x1.fffffep127 ? fix : L8{} - 1) : L8{} - 1;
+  w = w >= 0x1p-126 ? (w <= 0x1.fffffep127 ? w : D8{} + 1.0) : D8{} + 1.0;
+  const D8 y = log64(w);
+  ambiguous(y, kGuard, fix);
+  return narrow(y);
+}
+
+// float32(log1p(float64(x))) for x in (-1, 2^29): 1 + x is then exact in float64 for |x| >= 2^-20,
+// and below, x - x^2/2 + x^3/3 is (the next term is 2^-60 relative).
+[[gnu::always_inline]] inline F8 log1p32(F8 x, L8& fix) {
+  const D8 w = widen(x);
+  fix = w > -1.0 ? (w < 0x1p29 ? fix : L8{} - 1) : L8{} - 1;
+  const D8 u = w > -1.0 ? (w < 0x1p29 ? 1.0 + w : D8{} + 1.0) : D8{} + 1.0;
+  const D8 series = w - w * w * 0.5 + w * w * w * (1.0 / 3.0);
+  const D8 magnitude = from_bits(bits(w) & 0x7FFFFFFFFFFFFFFF);
+  const D8 y = magnitude < 0x1p-20 ? series : log64(u);
+  ambiguous(y, kGuard, fix);
+  return narrow(y);
+}
+
+// float32 a * b + c rounded once: the float64 product is exact and the float64 sum rounds once, so
+// only an inexact sum landing exactly on a float32 midpoint can round twice (an exact one, common
+// when the operands' exponents are close, rounds once).
+[[gnu::always_inline]] inline F8 fma32(F8 a, F8 b, F8 c, L8& fix) {
+  const D8 ab = widen(a) * widen(b), wc = widen(c);
+  const D8 y = ab + wc;
+  const D8 yc = y - ab;
+  const D8 error = (ab - (y - yc)) + (wc - yc);  // Knuth's TwoSum: y + error = ab + c exactly
+  ambiguous(error != 0.0 ? y : D8{} + 1.0, 1, fix);
+  return narrow(y);
+}
+
+// gumbel::log1p_neg32 and gumbel::gumbel32, lane by lane.
+[[gnu::always_inline]] inline F8 gumbel32(F8 u, L8& fix) {
+  F8 p = F8{} + 0.125f;
+  for (const double c : {1.0 / 7.0, 1.0 / 6.0, 1.0 / 5.0, 1.0 / 4.0, 1.0 / 3.0, 1.0 / 2.0, 1.0})
+    p = fma32(u, p, F8{} + static_cast<float>(c), fix);
+  const F8 one_minus = 1.0f - u;
+  const F8 floor = F8{} + 5.960464477539063e-08f;
+  const F8 lg = u < 0.25f ? -u * p : log32(one_minus > floor ? one_minus : floor, fix);
+  return -log32(-lg, fix);
+}
+
+// murmur3_hash32(seed, pos, key) with the seed and position words already mixed into `h`.
+[[gnu::always_inline]] inline U8 rotl(U8 x, int r) { return (x << r) | (x >> (32 - r)); }
+[[gnu::always_inline]] inline U8 murmur3_finish(std::uint32_t h, U8 key) {
+  key = rotl(key * 0xCC9E2D51u, 15) * 0x1B873593u;
+  U8 v = rotl(h ^ key, 13) * 5u + 0xE6546B64u;
+  v ^= 16u;
+  v = (v ^ (v >> 16)) * 0x85EBCA6Bu;
+  v = (v ^ (v >> 13)) * 0xC2B2AE35u;
+  return v ^ (v >> 16);
+}
+
+// gumbel::murmur3_uniform32 from the hash.
+[[gnu::always_inline]] inline F8 uniform32(U8 h) {
+  const F8 hi = __builtin_convertvector(reinterpret_cast<I8>(h >> 16), F8) * 0x1p-16f;
+  const F8 lo = (__builtin_convertvector(reinterpret_cast<I8>(h & 0xFFFFu), F8) + 0.5f) * 0x1p-32f;
+  return hi + lo;
+}
+
+// floor(t * 2^46) of float32 terms t in [0, 1] (C29's fixed-point units), as int64 lanes.
+[[gnu::always_inline]] inline L8 fixed46(F8 t) {
+  const D8 y = widen(t) * 0x1p46;
+  const D8 a = y + kMagic;  // rounds to the nearest integer
+  const L8 nearest = bits(a) - kMagicBits;
+  return (a - kMagic) > y ? nearest - 1 : nearest;  // one less where it rounded up
+}
+
+}  // namespace specdiff::vmath
