@@ -31,7 +31,6 @@ typedef std::uint32_t U8 __attribute__((vector_size(32)));
 // Lane by lane: GCC 12 lowers __builtin_convertvector of F8 to D8 into four instructions.
 [[gnu::always_inline]] inline D8 widen(F8 f) { return D8{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]}; }
 [[gnu::always_inline]] inline F8 narrow(D8 d) { return __builtin_convertvector(d, F8); }  // round to nearest even
-[[gnu::always_inline]] inline L8 wide_mask(I8 m) { return __builtin_convertvector(m, L8); }
 
 [[gnu::always_inline]] inline F8 loadu(const float* p) {
   F8 v;
