@@ -47,24 +47,38 @@ inline std::int64_t spec_step_seed(std::int64_t seed, std::int64_t step) {
   return static_cast<std::int64_t>(static_cast<std::uint64_t>(seed) ^ (static_cast<std::uint64_t>(step) << 32));
 }
 
-inline std::uint32_t rotl(std::uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+// Templates over the word type: std::uint32_t here, eight-lane vectors in vmath.h (one hash).
+template <class U>
+[[gnu::always_inline]] inline U rotl(U x, int r) {
+  return (x << r) | (x >> (32 - r));
+}
 
-inline std::uint32_t mix(std::uint32_t h, std::uint32_t key) {
+template <class U>
+[[gnu::always_inline]] inline U mix(U h, U key) {
   key = rotl(key * 0xCC9E2D51u, 15) * 0x1B873593u;
   return rotl(h ^ key, 13) * 5u + 0xE6546B64u;
 }
 
-inline std::uint32_t murmur3_hash32(std::int64_t seed, std::int64_t pos, std::uint32_t key, std::uint32_t domain = 0) {
+// The hash state after `domain`, the seed's two words and the position's low word.
+inline std::uint32_t murmur3_prefix(std::int64_t seed, std::int64_t pos, std::uint32_t domain = 0) {
   const std::uint64_t s = static_cast<std::uint64_t>(seed);
   std::uint32_t h = domain;
   h = mix(h, static_cast<std::uint32_t>(s));
   h = mix(h, static_cast<std::uint32_t>(s >> 32));
-  h = mix(h, static_cast<std::uint32_t>(static_cast<std::uint64_t>(pos)));
-  h = mix(h, key);
-  h ^= 16u;
+  return mix(h, static_cast<std::uint32_t>(static_cast<std::uint64_t>(pos)));
+}
+
+// The last block (`key`), the length (16 bytes) and the finalizer.
+template <class U>
+[[gnu::always_inline]] inline U murmur3_finish(U h, U key) {
+  h = mix(h, key) ^ 16u;
   h = (h ^ (h >> 16)) * 0x85EBCA6Bu;
   h = (h ^ (h >> 13)) * 0xC2B2AE35u;
   return h ^ (h >> 16);
+}
+
+inline std::uint32_t murmur3_hash32(std::int64_t seed, std::int64_t pos, std::uint32_t key, std::uint32_t domain = 0) {
+  return murmur3_finish(murmur3_prefix(seed, pos, domain), key);
 }
 
 inline float murmur3_uniform32(std::int64_t seed, std::int64_t pos, std::uint32_t key) {

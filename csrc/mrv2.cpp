@@ -238,7 +238,7 @@ SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
 }
 
 // Copies n logits as float32 into `dst`, -0.0 read as +0.0 (C30) and divided by `temperature`
-// unless it is 1, and returns what the value checks would refuse: kNotFinite (NaN or +inf read)
+// (1 for the target: exact), and returns what the value checks would refuse: kNotFinite (NaN or +inf read)
 // and kInfScaled (+inf after the division). Kernels compute from `dst` into scratch and run the
 // checks that name the argument only when a tile reports something, before writing any output:
 // one pass over the logits instead of three.
@@ -248,14 +248,6 @@ constexpr int kNotFinite = 1, kInfScaled = 2;
   SPECDIFF_CLONES int load_logits(const T* src, std::int64_t n, float temperature, float* dst) {          \
     constexpr float inf = std::numeric_limits<float>::infinity();                                         \
     int bad = 0, scaled_inf = 0;                                                                          \
-    if (temperature == 1.0f) {                                                                            \
-      for (std::int64_t q = 0; q < n; ++q) {                                                              \
-        const float v = to_float(src[q]);                                                                 \
-        bad |= !(v < inf);                                                                                \
-        dst[q] = v + 0.0f;                                                                                \
-      }                                                                                                   \
-      return bad;                                                                                         \
-    }                                                                                                     \
     for (std::int64_t q = 0; q < n; ++q) {                                                                \
       const float v = to_float(src[q]);                                                                   \
       bad |= !(v < inf);                                                                                  \
@@ -268,6 +260,22 @@ SPECDIFF_LOAD_LOGITS(float)
 SPECDIFF_LOAD_LOGITS(BFloat16)
 SPECDIFF_LOAD_LOGITS(_Float16)
 #undef SPECDIFF_LOAD_LOGITS
+
+// After a fused pass whose tiles reported `bad` (load_logits's bits): the checks again, in the
+// kernels' order, so that the error names the argument and the cell (the target's logits, then the
+// draft's); what they pass can only be +inf after the temperature.
+void refuse_logits(const char* k, int bad, const Buffer& target, const std::vector<std::int64_t>& target_starts,
+                   const Buffer& draft, const std::vector<std::int64_t>& draft_starts, std::int64_t vocab) {
+  if (bad == 0) return;
+  with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
+    need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_starts, vocab);
+  });
+  if (!draft_starts.empty())
+    with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+      need_logits<decltype(d_)>(k, "draft_logits_ptr", draft, draft_starts, vocab);
+    });
+  fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
+}
 
 // -- K13 ---------------------------------------------------------------------------------------------
 void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, std::int64_t t_max_stride, Buffer t_sumexp,
@@ -332,20 +340,20 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
   const std::int64_t cells = static_cast<std::int64_t>(rows.size()) * nb;
   std::vector<std::int64_t> argmax(cells);
   std::vector<float> tmax(cells), tsum(cells), dmax(has_draft ? cells : 0), dsum(has_draft ? cells : 0);
-  int bad_target = 0, bad_draft = 0;
+  int bad = 0;
   with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
     using T = decltype(t_);
     with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
       using D = decltype(d_);
       py::gil_scoped_release nogil;
-#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad_target, bad_draft)
+#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad)
       {
         std::vector<float> x(block);
 #pragma omp for schedule(static)
         for (std::int64_t c = 0; c < cells; ++c) {
           const std::size_t j = static_cast<std::size_t>(c / nb);
           const std::int64_t b = c % nb, lo = b * block, n = std::min(block, vocab - lo);
-          bad_target |= load_logits(target.as<T>() + target_starts[j] + lo, n, 1.0f, x.data());
+          bad |= load_logits(target.as<T>() + target_starts[j] + lo, n, 1.0f, x.data());
           if (t[j] == 0.0f) {
             std::int64_t best = 0;  // the first index of the maximum (-inf tiles: 0)
             for (std::int64_t q = 1; q < n; ++q)
@@ -358,7 +366,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
           tmax[c] = ts.max;
           tsum[c] = ts.sumexp;
           if (has_draft) {
-            bad_draft |= load_logits(draft.as<D>() + draft_starts[draft_index[j]] + lo, n, t[j], x.data());
+            bad |= load_logits(draft.as<D>() + draft_starts[draft_index[j]] + lo, n, t[j], x.data());
             const TileStats ds = max_and_sumexp(x.data(), n);
             dmax[c] = ds.max;
             dsum[c] = ds.sumexp;
@@ -367,16 +375,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
       }
     });
   });
-  if (bad_target | bad_draft) {
-    with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
-      need_logits<decltype(t_)>(k, "target_logits_ptr", target, target_starts, vocab);
-    });
-    if (has_draft)
-      with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
-        need_logits<decltype(d_)>(k, "draft_logits_ptr", draft, draft_starts, vocab);
-      });
-    fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
-  }
+  refuse_logits(k, bad, target, target_starts, draft, draft_starts, vocab);
   with_int(k, "target_local_argmax_ptr", t_argmax.dtype, [&](auto a_) {
     using A = decltype(a_);
     for (std::int64_t c = 0; c < cells; ++c) {
@@ -683,24 +682,17 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
       }
     });
   });
-  if (bad | above) {
+  refuse_logits(k, bad, target, target_at, draft, draft_at, vocab);
+  if (above) {
     with_logits(k, "target_logits_ptr", target.dtype, [&](auto t_) {
-      using T = decltype(t_);
-      need_logits<T>(k, "target_logits_ptr", target, target_at, vocab);
-      with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
-        using D = decltype(d_);
-        need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
-        const auto scaled = [&](std::size_t j, std::int64_t c) { return to_float(draft.as<D>()[draft_at[j] + c]) / t[j]; };
-        for (std::size_t j = 0; j < rows.size(); ++j)
-          for (std::int64_t c = 0; c < vocab; ++c)
-            if (scaled(j, c) == std::numeric_limits<float>::infinity())
-              fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
-        need_log_probs(k, "target", ts, rows, nb, vocab,
-                       [&](std::size_t j, std::int64_t c) { return to_float(target.as<T>()[target_at[j] + c]); });
-        need_log_probs(k, "draft", ds, rows, nb, vocab, scaled);
+      need_log_probs(k, "target", ts, rows, nb, vocab,
+                     [&](std::size_t j, std::int64_t c) { return to_float(target.as<decltype(t_)>()[target_at[j] + c]); });
+    });
+    with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
+      need_log_probs(k, "draft", ds, rows, nb, vocab, [&](std::size_t j, std::int64_t c) {
+        return to_float(draft.as<decltype(d_)>()[draft_at[j] + c]) / t[j];
       });
     });
-    fail(k, "local_residual_mass_ptr", "could not be computed (a value check reported and then passed)");
   }
   float* mass = out.as<float>();
   for (std::int64_t c = 0; c < cells; ++c) mass[rows[static_cast<std::size_t>(c / nb)] * out_stride + c % nb] = masses[c];
@@ -1010,10 +1002,7 @@ inline float resample_score32(const ResampleTile& r, std::int64_t q) {
 SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTile& r, std::int64_t n, float* scores) {
   using namespace vmath;
   const std::int64_t n8 = n & ~std::int64_t{7};
-  const std::uint64_t sd = static_cast<std::uint64_t>(r.seed);
-  const std::uint32_t h = gumbel::mix(gumbel::mix(gumbel::mix(0u, static_cast<std::uint32_t>(sd)),
-                                                  static_cast<std::uint32_t>(sd >> 32)),
-                                      static_cast<std::uint32_t>(static_cast<std::uint64_t>(r.pos)));
+  const U8 h = U8{} + gumbel::murmur3_prefix(r.seed, r.pos);
   const I8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
   const auto score8 = [&](std::int64_t j, L8& fix) __attribute__((always_inline)) {  // inlined: vector ABI
     F8 v = loadu(r.x + j);
@@ -1026,7 +1015,7 @@ SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTil
     }
     if (r.noise) {
       const U8 key = reinterpret_cast<U8>(lane + static_cast<std::int32_t>(r.lo + j));
-      v = v + gumbel32(uniform32(murmur3_finish(h, key)), fix);
+      v = v + gumbel32(uniform32(gumbel::murmur3_finish(h, key)), fix);
     }
     return v;
   };
@@ -1204,11 +1193,12 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
             std::tie(maxima[c], args[c]) = resample_tile32(tile, n, scores.data());
           } else {
             // float64 noise: the float32 value widened, plus float64 Gumbel noise.
+            ResampleTile noiseless = tile;
+            noiseless.noise = false;
             M best = -std::numeric_limits<M>::infinity();
             std::int64_t arg = 0;
             for (std::int64_t q = 0; q < n; ++q) {
-              M score = static_cast<M>(resample_score32(ResampleTile{tile.x, tile.y, tile.lse_t, tile.lse_d, tile.shift,
-                                                                     tile.shifted, false, 0, 0, lo}, q));
+              M score = static_cast<M>(resample_score32(noiseless, q));
               if (tile.noise)
                 score = score + gumbel::gumbel64(gumbel::murmur3_uniform64(tile.seed, tile.pos,
                                                                            static_cast<std::uint32_t>(lo + q)));
@@ -1223,11 +1213,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
         }
       }
     }
-    if (bad) {
-      need_logits<T>(k, "target_logits_ptr", target, target_at, vocab);
-      need_logits<D>(k, "draft_logits_ptr", draft, draft_at, vocab);
-      fail(k, "draft_logits_ptr", "divided by the temperature must stay below +inf (C30)");
-    }
+    refuse_logits(k, bad, target, target_at, draft, draft_at, vocab);
     for (std::int64_t c = 0; c < cells; ++c) {
       const std::int64_t r = writers[static_cast<std::size_t>(c / nb)], b = c % nb;
       out_argmax.as<A>()[r * out_argmax_stride + b] = static_cast<A>(b * block + args[c]);

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "gumbel.h"
+
 // The helpers pass vectors by value but are always inlined into their (target-cloned) callers.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -151,17 +153,6 @@ constexpr std::int64_t kGuard = std::int64_t{1} << 12;
   const F8 floor = F8{} + 5.960464477539063e-08f;
   const F8 lg = u < 0.25f ? -u * p : log32(one_minus > floor ? one_minus : floor, fix);
   return -log32(-lg, fix);
-}
-
-// murmur3_hash32(seed, pos, key) with the seed and position words already mixed into `h`.
-[[gnu::always_inline]] inline U8 rotl(U8 x, int r) { return (x << r) | (x >> (32 - r)); }
-[[gnu::always_inline]] inline U8 murmur3_finish(std::uint32_t h, U8 key) {
-  key = rotl(key * 0xCC9E2D51u, 15) * 0x1B873593u;
-  U8 v = rotl(h ^ key, 13) * 5u + 0xE6546B64u;
-  v ^= 16u;
-  v = (v ^ (v >> 16)) * 0x85EBCA6Bu;
-  v = (v ^ (v >> 13)) * 0xC2B2AE35u;
-  return v ^ (v >> 16);
 }
 
 // gumbel::murmur3_uniform32 from the hash.
