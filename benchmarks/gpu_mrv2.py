@@ -24,6 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import capture_launches  # noqa: E402
+from test_bench_mrv2 import batch  # noqa: E402
+
 import conformance.compositions as compositions  # noqa: E402
 from conformance import kernels  # noqa: E402
 from conformance.backends import BACKENDS, resolve_kernel  # noqa: E402
@@ -32,27 +35,6 @@ from conformance.runner import _bits, _copy_args  # noqa: E402
 # K18 turns the accepted counts into emitted counts in place (num_sampled + 1): run again on its own
 # output it writes a row further each time, past the end of `sampled`. Validated, not timed.
 REPEATS_CHANGE_INPUTS = {"_insert_resampled_kernel"}
-
-
-def capture(b: int) -> list[tuple[str, tuple[int, ...], dict[str, Any], dict[str, torch.Tensor]]]:
-    """(kernel, grid, inputs before the launch, outputs after it) of each launch, on the C++ port."""
-    from test_bench_mrv2 import batch
-
-    seen = []
-    real = compositions.launch
-
-    def keep(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
-        before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-        real(backend, kernel, grid, **args)
-        outs = {p.name: args[p.name].clone() for p in kernels.get(kernel).outputs if isinstance(args[p.name], torch.Tensor)}
-        seen.append((kernel, grid, before, outs))
-
-    compositions.launch = keep
-    try:
-        compositions.mrv2_rejection_sample(**batch(b), use_block_verification=True, backend="cpu")
-    finally:
-        compositions.launch = real
-    return seen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows, ok = [], True
     for b in (int(x) for x in ns.requests.split(",")):
-        for kernel, grid, before, want in capture(b):
+        # The inputs on the C++ port (fast; conformance holds it to the oracle's bits).
+        launches = capture_launches(lambda b=b: compositions.mrv2_rejection_sample(**batch(b), use_block_verification=True, backend="cpu"))
+        for launch in launches:
+            kernel, grid, before, want = launch.kernel, launch.grid, launch.before, launch.outputs
             spec = kernels.get(kernel)
             row: dict[str, Any] = {"kernel": kernel, "requests": b, "grid": list(grid)}
             for name in backends:

@@ -280,6 +280,38 @@ def gate_mark(backend: str) -> tuple[Any, ...]:
     return (pytest.mark.gate,) if backend == "cpu" else ()
 
 
+# -- a composition's launches -------------------------------------------------------------------------------
+@dataclass
+class Launch:
+    """One kernel launch of a composition: its inputs as they were before it and its outputs after."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    before: dict[str, Any]
+    outputs: dict[str, torch.Tensor]
+
+
+def capture_launches(run: Callable[[], Any]) -> list[Launch]:
+    """Every launch ``run`` makes through ``conformance.compositions.launch``, in order."""
+    import conformance.compositions as compositions
+
+    seen: list[Launch] = []
+    real = compositions.launch
+
+    def keep(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
+        before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+        real(backend, kernel, grid, **args)
+        outs = {p.name: args[p.name].clone() for p in kernels.get(kernel).outputs if isinstance(args[p.name], torch.Tensor)}
+        seen.append(Launch(kernel, grid, before, outs))
+
+    compositions.launch = keep
+    try:
+        run()
+    finally:
+        compositions.launch = real
+    return seen
+
+
 # -- timing -----------------------------------------------------------------------------------------------------
 _EVICT: torch.Tensor | None = None
 _EVICT_RATES: list[float] = []  # read rate of each eviction since the last timed() began its rounds

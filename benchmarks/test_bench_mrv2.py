@@ -16,7 +16,18 @@ from typing import Any
 
 import pytest
 import torch
-from harness import Case, assert_same, budget, cores, omp_threads, record, require_memory, timed
+from harness import (
+    Case,
+    Launch,
+    assert_same,
+    budget,
+    capture_launches,
+    cores,
+    omp_threads,
+    record,
+    require_memory,
+    timed,
+)
 
 import conformance.compositions as compositions
 from conformance.compositions import SamplingMetadata, mrv2_rejection_sample, rejection_sample
@@ -114,36 +125,19 @@ def test_mrv2_rejection_sample(benchmark, request, roofline, B, mode, backend, t
         benchmark.extra_info["validated"] = True
 
 
-def captured_launches(x: dict[str, Any], block: bool) -> dict[str, tuple[tuple[int, ...], dict[str, Any]]]:
-    """Each kernel's grid and arguments as the composition launched it (on the oracle)."""
-    seen: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
-    real = compositions.launch
-
-    def keep(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
-        real(backend, kernel, grid, **args)
-        seen[kernel] = (grid, {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
-
-    compositions.launch = keep
-    try:
-        with omp_threads(cores()):
-            mrv2_rejection_sample(**x, use_block_verification=block, backend="reference")
-    finally:
-        compositions.launch = real
-    return seen
-
-
-_LAUNCHES: dict[int, dict[str, Any]] = {}
+_LAUNCHES: dict[int, dict[str, Launch]] = {}
 
 
 def test_mrv2_vocabulary_kernels(benchmark, request, roofline, kernel, B, threads):
     x = batch(B)
     if B not in _LAUNCHES:
         _LAUNCHES.clear()
-        _LAUNCHES[B] = captured_launches(x, block=True)
-    grid, args = _LAUNCHES[B][kernel]
-    spec = compositions.kernels.get(kernel)
-    outputs = [p.name for p in spec.outputs if isinstance(args[p.name], torch.Tensor)]
-    want = {n: args[n].clone() for n in outputs}
+        with omp_threads(cores()):
+            launches = capture_launches(lambda: mrv2_rejection_sample(**x, use_block_verification=True, backend="reference"))
+        _LAUNCHES[B] = {launch.kernel: launch for launch in launches}
+    launch = _LAUNCHES[B][kernel]
+    grid, args, want = launch.grid, launch.before, launch.outputs
+    outputs = list(want)
     mine = dict(args)
 
     def run() -> None:
