@@ -81,6 +81,9 @@ class Param:
     contiguous: bool = True
     ndim: tuple[int, ...] = (1,)
     default: Any = REQUIRED
+    # The one other parameter this one may share memory with (vLLM's call site passes the same
+    # tensor for both). Every other overlap that involves a written parameter is refused (C31).
+    may_alias: str = ""  # and then only as the same tensor object
     # An output whose float64 values carry C29's float64 noise (each platform's float64 log):
     # backends agree within this relative tolerance (absolute below 1) there, exactly elsewhere.
     float64_rtol: float = 0.0
@@ -234,6 +237,15 @@ class KernelSpec:
                     )
                 if v.device.type != device:
                     raise ValueError(f"{self.name}: '{p.name}' must be on {device}, got {v.device}")
+                if v.layout is not torch.strided:
+                    raise TypeError(f"{self.name}: '{p.name}' must be a strided (dense) tensor, got layout {v.layout}")
+                if v.is_neg() or v.is_conj():
+                    # A lazy view: its memory holds the values before negation or conjugation.
+                    raise TypeError(f"{self.name}: '{p.name}' must not be a negative or conjugate view (resolve it first)")
+                if p.is_output and v.requires_grad:
+                    raise TypeError(f"{self.name}: '{p.name}' is written by the kernel and must not require grad")
+                if v.numel() and device == "cpu" and v.data_ptr() == 0:
+                    raise TypeError(f"{self.name}: '{p.name}' has no data (a null data pointer: a fake or meta tensor?)")
                 if v.dim() not in p.ndim:
                     raise ValueError(f"{self.name}: '{p.name}' must have {_dims(p.ndim)}, got shape {tuple(v.shape)}")
                 if p.contiguous and not v.is_contiguous():
@@ -252,6 +264,24 @@ class KernelSpec:
         for f in self.flags:
             if bool(a[f.constexpr]) != f.expect(a[f.tensor]):
                 raise ValueError(f"{self.name}: '{f.constexpr}' must be {f.meaning}")
+        self.check_overlap(a)
+
+    def check_overlap(self, a: Mapping[str, Any]) -> None:
+        """C31: a written parameter shares no byte with any other tensor argument, except the one
+        its ``may_alias`` names. A kernel validates its inputs and then reads them again; an output
+        over an input would change what was validated."""
+        spans = [(p, byte_span(a[p.name])) for p in self.params if p.kind is Kind.PTR and isinstance(a[p.name], torch.Tensor)]
+        for i, (p, (lo, hi)) in enumerate(spans):
+            for q, (lo2, hi2) in spans[i + 1:]:
+                if not ((p.is_output or q.is_output) and lo < hi2 and lo2 < hi):
+                    continue
+                declared = p.may_alias == q.name or q.may_alias == p.name
+                if not declared:
+                    raise ValueError(f"{self.name}: '{q.name}' overlaps '{p.name}' in memory, and "
+                                     f"'{(p if p.is_output else q).name}' is written (only declared aliases may share memory)")
+                if a[p.name] is not a[q.name]:
+                    raise ValueError(f"{self.name}: '{q.name}' may alias '{p.name}' only as the same tensor object, "
+                                     "not another view of its memory")
 
     def check(self, a: Mapping[str, Any], device: str | None = "cpu") -> None:
         """The whole contract: types, then the kernel's value-level preconditions."""
@@ -266,6 +296,14 @@ class KernelSpec:
             v = a[p.name]
             if p.kind is not Kind.PTR and isinstance(v, int) and not -(2**63) <= v < 2**63:
                 raise ValueError(f"{self.name}: '{p.name}' must fit in int64, got {v}")
+
+
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [lo, hi) a strided tensor's elements lie in (empty for no element)."""
+    if not t.numel():
+        return (0, 0)
+    lo = t.data_ptr()
+    return (lo, lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size())
 
 
 def _dims(ndim: tuple[int, ...]) -> str:
@@ -295,6 +333,16 @@ def require_fits(kernel: str, name: str, value: int, out_name: str, out: Any) ->
 
 def power_of_two(kernel: str, name: str, value: int) -> None:
     require(value >= 1 and value & (value - 1) == 0, kernel, name, f"must be a power of two, got {value}")
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def in_int64(kernel: str, name: str, value: int, what: str) -> int:
+    """C32: size and index arithmetic stays inside int64 (``value`` is ``what``, computed in Python
+    ints); else a ValueError naming the argument, as the C++ port's checked_mul / checked_add."""
+    require(INT64_MIN <= value <= INT64_MAX, kernel, name, f"makes {what} = {value} overflow int64")
+    return value
 
 
 def at_least(kernel: str, name: str, value: int, low: int) -> None:

@@ -63,9 +63,9 @@ class CpuKernel:
         self.constexprs = list(spec.constexprs)
         # The type-level contract as the C++ launcher reads it (csrc/launch.cpp), one tuple per
         # parameter: (name, is a tensor, may be None, the integer 0 means no tensor,
-        # {dtype: C++ dtype code}, must be contiguous, allowed ranks).
-        plan = [(p.name, p.kind is Kind.PTR, p.optional, p.int_zero, {d: DTYPE_CODES[d] for d in p.dtypes}, p.contiguous, p.ndim)
-                for p in spec.params]
+        # {dtype: C++ dtype code}, must be contiguous, allowed ranks, is written, may alias).
+        plan = [(p.name, p.kind is Kind.PTR, p.optional, p.int_zero, {d: DTYPE_CODES[d] for d in p.dtypes}, p.contiguous, p.ndim,
+                 p.is_output, p.may_alias) for p in spec.params]
         flags = [(f.constexpr, f.tensor, f.expect) for f in spec.flags]
         self._launcher = _C.Launcher(family, self._entry_name, plan, flags, torch.Tensor, self._module, check, entry)
 

@@ -53,6 +53,15 @@ inline bool prefetch_streams() {
 // Must match cpu_impl/launcher.py.
 enum DType : int { kInt32 = 0, kInt64 = 1, kFloat32 = 2, kFloat64 = 3, kBool = 4, kBFloat16 = 5, kFloat16 = 6, kUInt8 = 7 };
 
+inline std::size_t element_size(int dtype) {
+  switch (dtype) {
+    case kInt64: case kFloat64: return 8;
+    case kInt32: case kFloat32: return 4;
+    case kBFloat16: case kFloat16: return 2;
+    default: return 1;
+  }
+}
+
 struct Buffer {
   std::uintptr_t ptr;
   int dtype;
@@ -81,6 +90,26 @@ inline void need_fits(const char* kernel, const char* name, std::int64_t value, 
   if (out.dtype == kInt32 && (value < std::numeric_limits<std::int32_t>::min() || value > std::numeric_limits<std::int32_t>::max()))
     fail(kernel, name, std::string("must fit ") + out_name + "'s int32, got " + std::to_string(value));
 }
+
+// Checked size and index arithmetic (C32): a product or sum that leaves int64 is a ValueError
+// naming the argument, never a wrapped count that a short buffer passes or a negative index.
+// `what` states the quantity ("KV_CACHE_BLOCK_SIZE * TOTAL_CP_WORLD_SIZE").
+inline std::int64_t checked_mul(const char* kernel, const char* name, std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out))
+    fail(kernel, name, std::string("makes ") + what + " = " + std::to_string(a) + " * " + std::to_string(b) + " overflow int64");
+  return out;
+}
+
+inline std::int64_t checked_add(const char* kernel, const char* name, std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t out = 0;
+  if (__builtin_add_overflow(a, b, &out))
+    fail(kernel, name, std::string("makes ") + what + " = " + std::to_string(a) + " + " + std::to_string(b) + " overflow int64");
+  return out;
+}
+
+// ceil(a / b) for a >= 0 and b >= 1, without forming a + b - 1 (which wraps for a near 2**63).
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0); }
 
 inline void need_power_of_two(const char* kernel, const char* name, std::int64_t value) {
   if (value < 1 || (value & (value - 1)) != 0)

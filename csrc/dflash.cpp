@@ -46,7 +46,8 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
                                                  : std::vector<std::int64_t>(b, 0);
   const char* which = has_num_rejected ? "num_rejected_tokens_ptr" : "query_start_loc_ptr";
   for (std::int64_t r = 0; r < b; ++r) {
-    const std::int64_t at = qsl[r + 1] - rejected[r] - 1;
+    std::int64_t at = -1;  // a count of rejected tokens near int64's ends reads nowhere
+    if (__builtin_sub_overflow(qsl[r + 1] - 1, rejected[r], &at)) at = -1;
     if (at < 0 || at >= target_positions.numel)
       fail(kDflash, which,
            "makes request " + std::to_string(r) + " read its last position at " + std::to_string(at) +
@@ -80,6 +81,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
         fail(kDflash, "target_positions_ptr",
              "gives request " + std::to_string(r) + " a first query position " + std::to_string(last[r] + 1) +
                  " < 0 (C25)");
+      checked_add(kDflash, "target_positions_ptr", last[r], Q, "a request's last query position");
     }
   });
 

@@ -147,9 +147,10 @@ void eagle_prepare_next_token_padded(Strided sampled_token_ids, Buffer discard_r
             count_out[r] = 0;
             continue;
           }
-          const X* row = sampled + r * stride;
           std::int64_t count = 0, last = backup[r];
+          // With no column to read (w = 0) any stride is in contract: no row pointer is formed.
           for (std::int64_t j = 0; j < w; ++j) {
+            const X* row = sampled + r * stride;
             const std::int64_t x = row[j];
             // Element-wise validity: -2 is valid, a -1 in the middle ends nothing (C20).
             if (x != -1 && x < vocab_size) {

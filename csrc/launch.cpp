@@ -42,7 +42,8 @@ class Launcher {
     if (static_cast<std::size_t>(py::len(plan)) != entry_.arity)
       throw py::value_error(family + "." + name + " takes " + std::to_string(entry_.arity) + " arguments, the plan has " +
                             std::to_string(py::len(plan)));
-    // (name, is_ptr, optional, int_zero, {dtype: code}, contiguous, ranks): cpu_impl/launcher.py.
+    // (name, is_ptr, optional, int_zero, {dtype: code}, contiguous, ranks, written, may alias):
+    // cpu_impl/launcher.py.
     for (const py::handle item : plan) {
       const auto t = item.cast<py::tuple>();
       Param p;
@@ -55,8 +56,13 @@ class Launcher {
       for (const auto kv : t[4].cast<py::dict>()) p.codes.emplace_back(py::reinterpret_borrow<py::object>(kv.first), kv.second.cast<int>());
       p.contiguous = t[5].cast<bool>();
       for (const py::handle r : t[6]) p.ranks |= 1u << r.cast<unsigned>();
+      p.written = t[7].cast<bool>();
+      p.may_alias = t[8].cast<std::string>();
       params_.push_back(std::move(p));
     }
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      for (std::size_t j = 0; j < params_.size(); ++j)
+        if (params_[i].may_alias == std::string(py::str(params_[j].name))) params_[i].alias = j;
     native_ = module_.attr(entry_name_);
     // (constexpr, tensor parameter, expect): the contract's Flag (C26), its test called as it is.
     for (const py::handle item : flags) {
@@ -72,7 +78,7 @@ class Launcher {
   // was called and nothing written.
   int run(const py::dict& bound) {
     std::vector<Arg> args;
-    if (!convert_all(bound, args)) return kRefused;
+    if (!convert_all(bound, args) || overlapping(bound, args)) return kRefused;
     for (const Flag& f : flags_) {
       const int flag = PyObject_IsTrue(bound[f.constexpr_].ptr());
       if (flag < 0) throw py::error_already_set();
@@ -97,14 +103,16 @@ class Launcher {
   // type-level contract.
   py::object python(const py::dict& bound) {
     std::vector<Arg> args;
-    if (!convert_all(bound, args)) return py::none();
+    if (!convert_all(bound, args) || overlapping(bound, args)) return py::none();
     return python_args(bound, args);
   }
 
  private:
   struct Param {
     py::str name;
-    bool ptr = false, optional = false, int_zero = false, contiguous = true;
+    bool ptr = false, optional = false, int_zero = false, contiguous = true, written = false;
+    std::string may_alias;           // the one parameter this one may be (the same tensor object)
+    std::size_t alias = SIZE_MAX;    // its index
     std::vector<std::pair<py::object, int>> codes;  // dtype object -> C++ dtype code
     unsigned ranks = 0;                              // bit n: n dimensions allowed
   };
@@ -114,6 +122,32 @@ class Launcher {
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (!convert(params_[i], bound, args[i])) return false;
     return true;
+  }
+
+  // C31 (KernelSpec.check_overlap): a written tensor shares no byte with another tensor argument,
+  // unless the contract declares the pair and both are the same tensor object.
+  bool overlapping(const py::dict& bound, const std::vector<Arg>& args) const {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto [lo, hi] = span(args[i].tensor);
+      if (lo == hi) continue;
+      for (std::size_t j = i + 1; j < params_.size(); ++j) {
+        if (!params_[i].written && !params_[j].written) continue;
+        const auto [lo2, hi2] = span(args[j].tensor);
+        if (!(lo < hi2 && lo2 < hi)) continue;
+        const bool declared = params_[i].alias == j || params_[j].alias == i;
+        if (!declared || PyDict_GetItem(bound.ptr(), params_[i].name.ptr()) != PyDict_GetItem(bound.ptr(), params_[j].name.ptr()))
+          return true;
+      }
+    }
+    return false;
+  }
+
+  // The bytes [lo, hi) a converted tensor's elements lie in (lo == hi: none, or no tensor). The
+  // sizes come from a live tensor, so its extent fits in memory and nothing here overflows.
+  static std::pair<std::uintptr_t, std::uintptr_t> span(const Strided& t) {
+    if (!t.data.present() || t.data.numel == 0 || t.rows <= 0 || t.cols <= 0) return {0, 0};
+    const auto extent = static_cast<std::uintptr_t>((t.rows - 1) * t.row_stride + t.cols);
+    return {t.data.ptr, t.data.ptr + extent * element_size(t.data.dtype)};
   }
 
   static void absent(Arg& out) { out.tensor = Strided{Buffer{0, -1, 0}, 0, 0, 0}; }
@@ -177,6 +211,13 @@ class Launcher {
     const int is_tensor = PyObject_IsInstance(v, tensor_type_.ptr());
     if (is_tensor < 0) throw py::error_already_set();
     if (is_tensor == 0) return false;
+    // KernelSpec.check_types: a dense layout (asked first: a sparse tensor has no contiguity), no
+    // lazy negation or conjugation (memory holds other values than the tensor), no autograd on a
+    // written tensor, and data behind a non-empty tensor (a fake tensor reports the CPU and a null
+    // pointer).
+    if (own(PyObject_GetAttr(v, s_layout_.ptr())).ptr() != strided_.ptr()) return false;
+    if (own(call_method(v, s_is_neg_)).ptr() != Py_False || own(call_method(v, s_is_conj_)).ptr() != Py_False) return false;
+    if (p.written && own(PyObject_GetAttr(v, s_requires_grad_.ptr())).ptr() != Py_False) return false;
     const py::object dtype = own(PyObject_GetAttr(v, s_dtype_.ptr()));
     int code = -1;
     for (const auto& [d, c] : p.codes)
@@ -194,6 +235,7 @@ class Launcher {
     // A table with an explicit row stride (a Strided) need only have unit inner stride.
     if (!p.contiguous && !contiguous && dim > 0 && call_int(v, s_stride_, -1) != 1) return false;
     out.tensor.data = Buffer{static_cast<std::uintptr_t>(call_int(v, s_data_ptr_)), code, numel};
+    if (numel != 0 && out.tensor.data.ptr == 0) return false;
     if (contiguous) {  // one run of numel elements (conformance/kernels/_checks.py: geometry)
       out.tensor.rows = 1;
       out.tensor.cols = numel;
@@ -237,6 +279,8 @@ class Launcher {
   py::object tensor_type_, module_;
   py::str entry_name_;
   py::object check_, stand_in_, native_;
+  py::object strided_ = py::module_::import("torch").attr("strided");
+  py::str s_layout_{"layout"}, s_is_neg_{"is_neg"}, s_is_conj_{"is_conj"}, s_requires_grad_{"requires_grad"};
   py::str s_dtype_{"dtype"}, s_is_cpu_{"is_cpu"}, s_shape_{"shape"}, s_is_contiguous_{"is_contiguous"}, s_stride_{"stride"},
       s_data_ptr_{"data_ptr"};
 };

@@ -58,14 +58,28 @@ inline void need_element(const char* kernel, const char* name, const Strided& t,
 }
 
 // Every flat index r * stride + c with r < rows and c < width is an element.
+// Cheap refusals first (conformance/kernels/_checks.py: require_rows), so the loop that remains runs
+// over rows inside the tensor: linear in its size, never in a caller's count (2**62 rows of
+// stride 0 are row 0, checked once).
 inline void need_rows(const char* kernel, const char* name, const Strided& t, std::int64_t rows, std::int64_t stride,
                       std::int64_t width) {
-  if (width <= 0) return;
-  for (std::int64_t r = 0; r < rows; ++r)
-    if (!t.holds(flat_index(r, stride, 0), width))
-      fail(kernel, name,
-           "must hold row " + std::to_string(r) + "'s " + std::to_string(width) + " elements at row " +
-               std::to_string(r) + " x row stride " + std::to_string(stride));
+  if (width <= 0 || rows <= 0) return;
+  const std::int64_t span = t.rows > 0 && t.cols > 0 ? (t.rows - 1) * t.row_stride + t.cols : 0;
+  const std::int64_t limit = span - width;  // the last flat index a row may start at
+  std::int64_t bad = -1, last = 0;
+  if (limit < 0)
+    bad = 0;
+  else if (stride < 0 && rows > 1)
+    bad = 1;
+  else if (stride > 0 && (__builtin_mul_overflow(rows - 1, stride, &last) || last > limit))
+    bad = limit / stride + 1;
+  else
+    for (std::int64_t r = 0; r < (stride != 0 ? rows : 1) && bad < 0; ++r)
+      if (!t.holds(r * stride, width)) bad = r;
+  if (bad >= 0)
+    fail(kernel, name,
+         "must hold row " + std::to_string(bad) + "'s " + std::to_string(width) + " elements at row " +
+             std::to_string(bad) + " x row stride " + std::to_string(stride));
 }
 
 // KV slot of a position (>= 0) in the table row starting at flat index `row`: the block column is

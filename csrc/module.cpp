@@ -32,5 +32,15 @@ PYBIND11_MODULE(_C, m) {
   specdiff::register_roofline(roofline);
   specdiff::register_launcher(m);
   m.def("max_threads", [] { return omp_get_max_threads(); });
-  m.def("set_num_threads", [](int n) { omp_set_num_threads(n); });
+  // OpenMP leaves a count below 1 undefined, and a huge one spawns threads until the process dies.
+  m.def(
+      "set_num_threads",
+      [](long long threads) {
+        constexpr long long kMaxThreads = 1024;
+        if (threads < 1 || threads > kMaxThreads)
+          throw pybind11::value_error("set_num_threads: 'threads' must be in [1, " + std::to_string(kMaxThreads) + "], got " +
+                                std::to_string(threads));
+        omp_set_num_threads(static_cast<int>(threads));
+      },
+      pybind11::arg("threads"));
 }

@@ -145,8 +145,12 @@ std::vector<std::int64_t> non_bonus_rows(const std::vector<std::int64_t>& local,
 
 // Each listed row's `width` cells at `stride` lie inside the buffer (no product wraps).
 void need_cells(const char* k, const char* name, const Buffer& b, const std::vector<std::int64_t>& rows,
-                std::int64_t stride, std::int64_t width) {
+                std::int64_t stride, std::int64_t width, bool written = false) {
   if (rows.empty() || width == 0) return;
+  // An output's rows are disjoint (C31 within one buffer): rows that overlap race in Triton.
+  if (written && rows.size() > 1 && stride < width)
+    fail(k, name, "must have rows " + std::to_string(width) + " cells apart or more (rows written may not overlap), row stride " +
+                      std::to_string(stride));
   const std::int64_t last = *std::max_element(rows.begin(), rows.end());
   const std::int64_t at = flat_index(last, stride, width);
   if (stride < 0 || at < 0 || at > b.numel)
@@ -294,7 +298,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
   const std::vector<std::int64_t> local = load_ints(k, "expanded_local_pos_ptr", expanded_local_pos, num_logits);
   const std::vector<std::int64_t> rows = non_bonus_rows(local, num_logits);
   if (rows.empty() || vocab == 0) return;
-  const std::int64_t nb = (vocab + block - 1) / block;
+  const std::int64_t nb = ceil_div(vocab, block);
   std::vector<std::int64_t> slots, target_starts, draft_starts;
   for (const std::int64_t i : rows) slots.push_back(slot_of[i]);
   const std::vector<float> t = temperatures(k, temp, slots);
@@ -313,7 +317,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
   for (const Out& o : outs) {
     const std::string stride_name = std::string(o.name, std::strlen(o.name) - 4) + "_stride";
     need_at_least(k, stride_name.c_str(), o.stride, 0);
-    need_cells(k, o.name, *o.b, rows, o.stride, nb);
+    need_cells(k, o.name, *o.b, rows, o.stride, nb, true);
     if (o.b != &t_argmax && o.b->dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + o.name + "' must be float32");
   }
   need_at_least(k, "target_logits_stride", target_stride, 0);
@@ -546,7 +550,7 @@ void need_vocab_blocks(const char* k, std::int64_t vocab, std::int64_t block, st
   need_power_of_two(k, "BLOCK_SIZE", block);
   if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
   need_padded_blocks(k, nb, padded);
-  const std::int64_t tiles = vocab / block + (vocab % block != 0);
+  const std::int64_t tiles = ceil_div(vocab, block);
   if (nb != tiles) fail(k, "vocab_num_blocks", "must be cdiv(vocab_size, BLOCK_SIZE) = " + std::to_string(tiles));
 }
 
@@ -627,7 +631,7 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
     }
   if (rows.empty()) return;
   need_at_least(k, "local_residual_mass_stride", out_stride, 0);
-  need_cells(k, "local_residual_mass_ptr", out, rows, out_stride, nb);
+  need_cells(k, "local_residual_mass_ptr", out, rows, out_stride, nb, true);
   if (out.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'local_residual_mass_ptr' must be float32");
   need_len(k, "cumulative_log_p_ptr", cumulative, rows.back());
   if (cumulative.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
@@ -1114,9 +1118,9 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
   if (out_argmax.dtype == kInt32 && vocab - 1 > std::numeric_limits<std::int32_t>::max())
     fail(k, "vocab_size", "must fit resampled_local_argmax_ptr's int32, got " + std::to_string(vocab - 1));
   need_at_least(k, "resampled_local_argmax_stride", out_argmax_stride, 0);
-  need_cells(k, "resampled_local_argmax_ptr", out_argmax, writers, out_argmax_stride, nb);
+  need_cells(k, "resampled_local_argmax_ptr", out_argmax, writers, out_argmax_stride, nb, true);
   need_at_least(k, "resampled_local_max_stride", out_max_stride, 0);
-  need_cells(k, "resampled_local_max_ptr", out_max, writers, out_max_stride, nb);
+  need_cells(k, "resampled_local_max_ptr", out_max, writers, out_max_stride, nb, true);
   need_at_least(k, "target_logits_stride", target_stride, 0);
   for (const std::int64_t r : writers) target_at.push_back(flat_index(rows[r], target_stride, 0));
   with_logits(k, "target_logits_ptr", target.dtype,

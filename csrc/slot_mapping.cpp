@@ -60,6 +60,8 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
   if (rank < 0 || rank >= world)
     fail(kSlots, "TOTAL_CP_RANK",
          "must be in [0, TOTAL_CP_WORLD_SIZE=" + std::to_string(world) + "), got " + std::to_string(rank));
+  checked_mul(kSlots, "TOTAL_CP_WORLD_SIZE", kbs, world, "KV_CACHE_BLOCK_SIZE * TOTAL_CP_WORLD_SIZE");
+  checked_mul(kSlots, "CP_KV_CACHE_INTERLEAVE_SIZE", world, interleave, "TOTAL_CP_WORLD_SIZE * CP_KV_CACHE_INTERLEAVE_SIZE");
   need_power_of_two(kSlots, "BLOCK_SIZE", block_size);
   need_fits(kSlots, "PAD_ID", pad_id, "slot_mapping_ptr", slot_mapping);
 

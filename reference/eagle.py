@@ -93,7 +93,8 @@ def eagle_prepare_next_token_padded_kernel(
             next_token.append(backup[r])
             count.append(0)
             continue
-        row = sampled[r * stride_sampled_token_ids :][:num_sampled_tokens_per_req]
+        start = r * stride_sampled_token_ids  # one slice of W: linear in the batch
+        row = sampled[start : start + num_sampled_tokens_per_req] if num_sampled_tokens_per_req else []
         # Validity is element-wise, not a prefix: -2 is valid, a -1 in the middle ends nothing (C20).
         valid = [x for x in row if x != -1 and x < vocab_size]
         next_token.append(valid[-1] if valid else backup[r])

@@ -51,8 +51,9 @@ def compute_slot_mapping_kernel(
         # The virtual block index is not clamped: past the row it reads the next row (C22).
         # The table is read only for this rank's tokens; the others get PAD_ID.
         slot = torch.full_like(position, PAD_ID)
-        block_id = table[r * block_table_stride + virtual_block[local]].to(I64)
-        slot[local] = block_id * KBS + local_offset[local]
+        if bool(local.any()):  # else no row is addressed, whatever its (possibly huge) offset
+            block_id = table[r * block_table_stride + virtual_block[local]].to(I64)
+            slot[local] = block_id * KBS + local_offset[local]  # wraps in int64, as every backend (C4)
         slot_mapping_ptr[tokens] = slot
 
 

@@ -57,7 +57,9 @@ def require_rows(kernel: str, name: str, t: torch.Tensor, rows: int, stride: int
         elif stride > 0 and (rows - 1) * stride > limit:
             r = limit // stride + 1
         else:
-            ok = holds(t, torch.arange(rows, dtype=torch.int64) * stride, width)
+            # Now rows * stride fits the tensor's span, so this is linear in the tensor, never in
+            # `rows` (a stride of 0 repeats row 0 however many rows there are).
+            ok = holds(t, torch.arange(rows if stride else 1, dtype=torch.int64) * stride, width)
             r = int((~ok).nonzero()[0]) if not ok.all() else -1
         if r >= 0:
             raise ValueError(f"{kernel}: '{name}' must hold row {r}'s {width} elements at flat index {r * stride} (row stride {stride}), shape {tuple(t.shape)}")

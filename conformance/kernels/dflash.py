@@ -8,13 +8,14 @@ from typing import Any
 import torch
 
 from conformance.contract import (
-    INT,
     Flag,
+    INT,
     KernelSpec,
     Role,
     at_least,
     cdiv,
     constexpr,
+    in_int64,
     power_of_two,
     ptr,
     require,
@@ -74,6 +75,7 @@ def _preconditions(a: Mapping[str, Any]) -> None:
     for r in range(b):
         last = int(positions[qsl[r + 1] - rej[r] - 1])
         require(last >= -1, K9, "target_positions_ptr", f"gives request {r} a first query position {last + 1} < 0 (C25)")
+        in_int64(K9, "target_positions_ptr", last + q, "a request's last query position")
 
 
 def _grid(a: Mapping[str, Any]) -> tuple[int, int]:

@@ -190,7 +190,8 @@ EAGLE_STEP_SLOT_MAPPING_METADATA = KernelSpec(
     family="eagle",
     qualname=f"{_MODULE}.{K5}",
     params=(
-        ptr("positions_ptr", INT, I64, "[batch_size] current position per request; may alias out_clamped_positions_ptr"),
+        ptr("positions_ptr", INT, I64, "[batch_size] current position per request; may alias out_clamped_positions_ptr",
+            may_alias="out_clamped_positions_ptr"),
         ptr("block_table_ptr", INT, I32, "[batch_size, n_blocks] block ids, rows of stride block_table_stride", **_TABLE),
         scalar("block_table_stride", "row stride of the block table"),
         ptr("seq_lens_ptr", INT, I32, "[batch_size] sequence lengths, updated in place", role=Role.INOUT),

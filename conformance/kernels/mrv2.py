@@ -230,7 +230,10 @@ def _need_draft_cells(k: str, a: Mapping[str, Any], places: list[tuple[int, int,
     return scaled
 
 
-def _need_cells(k: str, name: str, t: torch.Tensor, rows: torch.Tensor, stride: int, width: int) -> None:
+def _need_cells(k: str, name: str, t: torch.Tensor, rows: torch.Tensor, stride: int, width: int, written: bool = False) -> None:
+    # An output's rows are disjoint (C31 within one buffer): rows that overlap race in Triton.
+    if written and rows.numel() > 1 and width:
+        require(stride >= width, k, name, f"must have rows {width} cells apart or more (rows written may not overlap), row stride {stride}")
     if rows.numel() and width:
         last = int(rows.max()) * stride + width
         require(stride >= 0 and last <= t.numel(), k, name,
@@ -277,7 +280,7 @@ def _stats_preconditions(a: Mapping[str, Any]) -> None:
     outputs = ("target_local_argmax", "target_local_max", "target_local_sumexp")
     for name in outputs + (("draft_local_max", "draft_local_sumexp") if a["HAS_DRAFT_LOGITS"] else ()):
         at_least(k, f"{name}_stride", a[f"{name}_stride"], 0)
-        _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], rows, a[f"{name}_stride"], nb)
+        _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], rows, a[f"{name}_stride"], nb, written=True)
     at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
     _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], [i * a["target_logits_stride"] for i in rows.tolist()], v)
     if a["HAS_DRAFT_LOGITS"]:
@@ -511,7 +514,7 @@ def _residual_preconditions(a: Mapping[str, Any]) -> None:
         return
     rows_t = torch.tensor(rows, dtype=I64)
     at_least(k, "local_residual_mass_stride", a["local_residual_mass_stride"], 0)
-    _need_cells(k, "local_residual_mass_ptr", a["local_residual_mass_ptr"], rows_t, a["local_residual_mass_stride"], nb)
+    _need_cells(k, "local_residual_mass_ptr", a["local_residual_mass_ptr"], rows_t, a["local_residual_mass_stride"], nb, written=True)
     require_length(k, "cumulative_log_p_ptr", a["cumulative_log_p_ptr"], max(rows))
     prefix = a["cumulative_log_p_ptr"][rows_t - 1]
     require(bool((prefix <= 0).all()), k, "cumulative_log_p_ptr",
@@ -831,7 +834,7 @@ def _resample_preconditions(a: Mapping[str, Any]) -> None:
     reqs = torch.tensor([q.index for q in writers], dtype=I64)
     for name in ("resampled_local_argmax", "resampled_local_max"):
         at_least(k, f"{name}_stride", a[f"{name}_stride"], 0)
-        _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], reqs, a[f"{name}_stride"], nb)
+        _need_cells(k, f"{name}_ptr", a[f"{name}_ptr"], reqs, a[f"{name}_stride"], nb, written=True)
     at_least(k, "target_logits_stride", a["target_logits_stride"], 0)
     _float_cells(k, "target_logits_ptr", a["target_logits_ptr"], [q.row * a["target_logits_stride"] for q in writers], v)
     residual = [q for q in writers if q.residual and a["HAS_DRAFT_LOGITS"]]

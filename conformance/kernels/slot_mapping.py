@@ -18,6 +18,7 @@ from conformance.contract import (
     Role,
     at_least,
     constexpr,
+    in_int64,
     power_of_two,
     ptr,
     require,
@@ -63,6 +64,9 @@ def _preconditions(a: Mapping[str, Any]) -> None:
         at_least(K10, name, a[name], 1)
     w, rank = a["TOTAL_CP_WORLD_SIZE"], a["TOTAL_CP_RANK"]
     require(0 <= rank < w, K10, "TOTAL_CP_RANK", f"must be in [0, TOTAL_CP_WORLD_SIZE={w}), got {rank}")
+    kbs, i = a["KV_CACHE_BLOCK_SIZE"], a["CP_KV_CACHE_INTERLEAVE_SIZE"]
+    in_int64(K10, "TOTAL_CP_WORLD_SIZE", kbs * w, "KV_CACHE_BLOCK_SIZE * TOTAL_CP_WORLD_SIZE")
+    in_int64(K10, "CP_KV_CACHE_INTERLEAVE_SIZE", w * i, "TOTAL_CP_WORLD_SIZE * CP_KV_CACHE_INTERLEAVE_SIZE")
     power_of_two(K10, "BLOCK_SIZE", a["BLOCK_SIZE"])
     require_fits(K10, "PAD_ID", a["PAD_ID"], "slot_mapping_ptr", a["slot_mapping_ptr"])
     request, tokens = _tokens(a)
