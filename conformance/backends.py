@@ -80,14 +80,6 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-def known(names: list[str] | None, what: str = "--backend") -> list[str]:
-    """``names`` unchanged when every one is registered; otherwise a ValueError listing the known ones."""
-    unknown = [n for n in names or [] if n not in BACKENDS]
-    if unknown:
-        raise ValueError(f"{what}: unknown backend {', '.join(map(repr, unknown))}; known: {', '.join(BACKENDS)}")
-    return list(names or [])
-
-
 def resolve_kernel(name: str, spec: KernelSpec) -> tuple[Backend, Any]:
     """The backend and kernel object that run ``spec`` on backend ``name``, following ``base``."""
     backend = BACKENDS[name]

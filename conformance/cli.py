@@ -1,7 +1,7 @@
 """``python -m conformance``: run the three-way conformance suite, replay a saved case.
 
     python -m conformance run [--profile ci] [--kernel NAME ...] [--backend NAME ...]
-    python -m conformance replay reports/failures/<kernel>.pt
+    python -m conformance replay reports/failures/<kernel>.safetensors
     python -m conformance list
 """
 
@@ -25,11 +25,12 @@ from hypothesis import Phase, given, settings
 
 from conformance import engine, kernels
 from conformance import findings as findings_mod
-from conformance.backends import BACKENDS, ORACLE, known
+from conformance.arguments import backend_name, input_file, kernel_name, output_file
+from conformance.backends import BACKENDS, ORACLE
 from conformance.engine.source import SourceError
 from conformance.findings import Findings
 from conformance.profiles import PROFILES
-from conformance.runner import Diff, Disagreement, load_case, replay_command, run_case, save_case
+from conformance.runner import Diff, Disagreement, load_case, replay_command, run_case, save_failure
 
 BUILT_IN = ("reference", "triton", "cpu")
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
@@ -73,7 +74,7 @@ def check_kernel(
         except Disagreement as d:
             odd.update(d.backends)
             if findings is None:
-                path = save_case(case, meta={"backends": backends})
+                path = save_failure(case, meta={"backends": backends})
                 raise Disagreement(f"{d}\n  replay: {replay_command(path)}", d.backends, d.diffs) from None
             for diff in d.diffs:
                 findings.add(case, diff, str(d))
@@ -162,11 +163,8 @@ def _table(results: dict[str, dict[str, dict[str, Any]]], backends: list[str]) -
 
 
 def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """The kernels and backends a run asked for; unknown names are a ValueError listing the known ones."""
-    unknown = [k for k in ns.kernel or [] if k not in kernels.SPECS]
-    if unknown:
-        raise ValueError(f"--kernel: unknown kernel {', '.join(map(repr, unknown))}; known: {', '.join(kernels.SPECS)}")
-    asked = known(ns.backend)
+    """The kernels and backends a run asked for (their names were checked when the command line was parsed)."""
+    asked = list(ns.backend or [])
     if getattr(ns, "vllm", None):
         engine.use(ns.vllm)
         engine.located()  # a --vllm that names nothing usable is an error, not a skipped column
@@ -175,6 +173,23 @@ def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
     if ORACLE not in backends:
         backends.insert(0, ORACLE)
     return ns.kernel or list(kernels.SPECS), backends
+
+
+def _check_run(ns: argparse.Namespace) -> None:
+    """Backends a run could not compare are refused before it starts."""
+    engines = [b for b in ns.backend or [] if BACKENDS[b].engine]
+    if engines and not (ns.vllm or engine.named()):
+        raise ValueError(f"--backend {engines[0]}: vLLM's own kernels need a vLLM: --vllm VERSION|PATH (or {engine.ENV})")
+    if ns.backend and len({*ns.backend, ORACLE}) < 2:
+        raise ValueError(f"--backend {ns.backend[0]} alone compares nothing: the oracle always runs, name another backend")
+
+
+def _not_compared(name: str, b: str, runnable: list[str], skipped: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The entry of a backend that ran alone: one backend is no comparison, and never a pass."""
+    why = "; ".join(f"{s}: {e['message']}" for s, e in skipped.items())
+    return {"status": "not compared", "examples": 0, "failures": 0, "mode": _backend_mode(b) if b in runnable else "-",
+            "message": f"{name}: only {' and '.join(runnable) or 'no backend'} can run it here, and a comparison needs two"
+                       + (f" ({why})" if why else "")}
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -200,26 +215,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
-    for name in names:
-        runnable, skipped = _available(name, backends, asked)
-        seen: Counter[str] = Counter()
-        per = check_kernel(name, runnable, seed, seen, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site) if len(runnable) > 1 else {}
-        per.update(skipped)
-        results[name] = {b: per[b] for b in backends if b in per}
-        statuses = {b: e["status"] for b, e in results[name].items()}
-        print(f"  {name}: {statuses} in {max((e.get('seconds', 0) for e in per.values()), default=0)} s", flush=True)
-        for e in per.values():
-            if e["status"] in ("fail", "error") and e["message"] and found is None:
-                print("\n" + e["message"] + "\n", flush=True)
-                break
-        complete = len(runnable) > 1 and all(e["status"] == "pass" for e in per.values() if e["status"] != "skipped")
-        states[name] = _states(name, seen, complete)
-    print()
-    print(_table(results, backends))
-    print("\nstate classes reached (cases):")
-    for name, st in states.items():
-        line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
-        print(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
     report: dict[str, Any] = {
         "schema": 1,
         "profile": ns.profile,
@@ -231,24 +226,52 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "coverage": states,
     }
     unseen: list[findings_mod.Expected] = []
-    if found is not None:
-        found.save({"backends": backends})
-        listed = findings_mod.expected(ns.expected) if engine_run else []
-        unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in names and not e.kind.startswith("asan")]
-        report["vllm"] = engine.named()
-        report["findings"] = [f.to_json() for f in found]
-        _print_findings(found, unseen)
-    path = Path(ns.report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nreport: {path}")
-    if ns.junit:
-        print(f"junit: {_junit(ns.junit, results, states, require)}")
+    try:  # the report is written whatever happens: what was collected, and why the run stopped
+        for name in names:
+            runnable, skipped = _available(name, backends, asked)
+            seen: Counter[str] = Counter()
+            if len(runnable) > 1:
+                per = check_kernel(name, runnable, seed, seen, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site)
+                per.update(skipped)
+            else:
+                per = {**skipped, **{b: _not_compared(name, b, runnable, skipped) for b in runnable or [ORACLE]}}
+            results[name] = {b: per[b] for b in backends if b in per}
+            statuses = {b: e["status"] for b, e in results[name].items()}
+            print(f"  {name}: {statuses} in {max((e.get('seconds', 0) for e in per.values()), default=0)} s", flush=True)
+            for e in per.values():
+                if e["message"] and (e["status"] == "not compared" or e["status"] in ("fail", "error") and found is None):
+                    print("\n" + e["message"] + "\n", flush=True)
+                    break
+            complete = len(runnable) > 1 and all(e["status"] == "pass" for e in per.values() if e["status"] != "skipped")
+            states[name] = _states(name, seen, complete)
+        print()
+        print(_table(results, backends))
+        print("\nstate classes reached (cases):")
+        for name, st in states.items():
+            line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
+            print(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
+        if found is not None:
+            found.save({"backends": backends})
+            listed = findings_mod.expected(ns.expected) if engine_run else []
+            unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in names and not e.kind.startswith("asan")]
+            report["vllm"] = engine.named()
+            report["findings"] = [f.to_json() for f in found]
+            _print_findings(found, unseen)
+    except BaseException as err:
+        report["incomplete"] = f"the run stopped after {len(results)} of {len(names)} kernels: {type(err).__name__}: {err}"
+        raise
+    finally:
+        path = Path(ns.report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nreport: {path}")
+        if ns.junit:
+            print(f"junit: {_junit(ns.junit, results, states, require)}")
     bad = [
         f"{k}/{b}"
         for k, per in results.items()
         for b, e in per.items()
-        if e["status"] == "error" or (e["status"] == "fail" and found is None)
+        if e["status"] in ("error", "not compared") or (e["status"] == "fail" and found is None)
         or (e["status"] == "missing" and (b in BUILT_IN or b in asked))
     ]
     if found is not None:
@@ -295,7 +318,7 @@ def _junit(path: str, results: dict[str, dict[str, dict[str, Any]]], states: dic
     cases = []
     for kernel, per in results.items():
         for b, e in per.items():
-            failed = e["status"] in ("fail", "missing") and (e["status"] == "fail" or b in BUILT_IN)
+            failed = e["status"] == "not compared" or e["status"] in ("fail", "missing") and (e["status"] == "fail" or b in BUILT_IN)
             cases.append(junit.TestCase(
                 f"conformance.{kernel}", b, float(e.get("seconds", 0.0)),
                 failure=e.get("message") or e["status"] if failed else None,
@@ -322,9 +345,11 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     recorded = case.meta.get("vllm") if isinstance(case.meta.get("vllm"), str) else None
     if ns.vllm or recorded:
         engine.use(ns.vllm or recorded)
-    backends = known(ns.backend) or [
+    backends = ns.backend or [
         b for b in case.meta.get("backends", []) if isinstance(b, str) and b in BACKENDS
     ] or [b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec)]
+    if len(set(backends)) < 2:
+        raise ValueError(f"replay needs two backends to compare, got {', '.join(backends) or 'none'}: name them with --backend")
     print(f"replaying {case.kernel} on {', '.join(f'{b} ({_backend_mode(b)})' for b in backends)}")
     notes: list[Diff] = []
     try:
@@ -356,11 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every kernel's Hypothesis cases through every backend")
     run.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
-    run.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
-    run.add_argument("--backend", action="append", help="only this backend (repeatable; the oracle always runs)")
+    run.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
+    run.add_argument("--backend", action="append", type=backend_name, help="only this backend (repeatable; the oracle always runs)")
     run.add_argument("--seed", type=int, help="Hypothesis seed (printed when a profile is not derandomized)")
-    run.add_argument("--report", default="reports/conformance.json")
-    run.add_argument("--junit", help="also write a JUnit XML report here (one test per kernel and backend, one per kernel's state coverage)")
+    run.add_argument("--report", default="reports/conformance.json", type=output_file)
+    run.add_argument("--junit", type=output_file, help="also write a JUnit XML report here (one test per kernel and backend, one per kernel's state coverage)")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
     run.add_argument("--vllm", metavar="VERSION|PATH",
                      help="also run vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): a release such as 0.33.0 "
@@ -370,13 +395,13 @@ def main(argv: list[str] | None = None) -> int:
                           "(default: on when an engine backend runs)")
     run.add_argument("--call-site", action=argparse.BooleanOptionalAction, default=False,
                      help="only the dtypes, layouts and launch forms vLLM's call sites pass")
-    run.add_argument("--expected", help="the engine's known findings (default: conformance/engine/expected.toml)")
+    run.add_argument("--expected", type=input_file, help="the engine's known findings (default: conformance/engine/expected.toml)")
     run.add_argument("--require-coverage", action=argparse.BooleanOptionalAction, default=None,
                      help="fail when a required state class was never generated (default: on for the ci and nightly profiles)")
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=cmd_run, check=_check_run)
     replay = sub.add_parser("replay", help="re-run one saved case")
     replay.add_argument("path")
-    replay.add_argument("--backend", action="append", help="only this backend (default: the backends the case was saved from)")
+    replay.add_argument("--backend", action="append", type=backend_name, help="only this backend (default: the backends the case was saved from)")
     replay.add_argument("--vllm", metavar="VERSION|PATH", help="the vLLM for the engine backends (default: the one recorded in the case)")
     replay.set_defaults(func=cmd_replay)
     listing = sub.add_parser("list", help="kernels and the backends that implement them")
@@ -385,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     for tool in TOOLS:  # the harness's checks of itself: each module adds its own subcommand
         importlib.import_module(f"conformance.{tool}").add_parser(sub)
     ns = parser.parse_args(argv)
+    try:
+        if hasattr(ns, "check"):  # what argparse cannot see argument by argument: a usage error all the same
+            ns.check(ns)
+    except ValueError as e:
+        sub.choices[ns.command].error(str(e))
     try:
         return ns.func(ns)
     except (ValueError, KeyError, SourceError) as e:  # bad names, paths or files: one line, no traceback

@@ -18,7 +18,8 @@ from typing import Any
 import tomllib
 import torch
 
-from conformance.runner import FAILURES_DIR, Case, Diff, replay_command, save_case
+from conformance import runner
+from conformance.runner import Case, Diff, replay_command, save_failure
 
 
 def _size(case: Case) -> int:
@@ -83,7 +84,7 @@ class Findings:
         """Writes each group's smallest case under the failures directory, with its replay command."""
         for i, f in enumerate(sorted(self.groups.values(), key=lambda f: f.key)):
             if f.status == "fail" and f.case is not None:
-                path = save_case(f.case, FAILURES_DIR / f"{f.kernel}.{f.backend}.{i}.pt", meta)
+                path = save_failure(f.case, runner.FAILURES_DIR / f"{f.kernel}.{f.backend}.{i}.safetensors", meta)
                 f.replay = replay_command(path)
 
     def __iter__(self):  # type: ignore[no-untyped-def]

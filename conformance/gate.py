@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import kernels
+from conformance.arguments import output_dir
 from conformance.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +96,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--deep", default="nightly", choices=PROFILES, help="profile for the changed kernels")
     p.add_argument("--rest", default="ci", choices=PROFILES, help="profile for the other kernels")
     p.add_argument("--dry-run", action="store_true", help="only print which kernels get which profile")
-    p.add_argument("--reports", default="reports")
+    p.add_argument("--reports", default="reports", type=output_dir)
     p.set_defaults(func=_cmd)
 
 

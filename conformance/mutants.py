@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.arguments import backend_name, input_file, output_file
 from conformance.profiles import PROFILES
 
 try:
@@ -79,14 +80,24 @@ class Mutant:
     also: list[dict[str, Any]] = field(default_factory=list)
 
 
-def load(path: Path = CATALOGUE) -> list[Mutant]:
+def load(path: Path = CATALOGUE, root: Path = ROOT) -> list[Mutant]:
+    """The catalogue at ``path``, checked against the tree at ``root``: a mutant edits one file of the
+    tree (``tree_files``), never a path outside it (absolute, ``..``, or a symbolic link out)."""
     data = tomllib.loads(path.read_text())
+    files = set(tree_files(root))
+    inside = root.resolve()
     out = []
     for entry in data.get("mutant", []):
-        m = Mutant(**entry)
+        try:
+            m = Mutant(**entry)
+        except TypeError as e:
+            raise ValueError(f"mutant {entry.get('id', '?')!r}: {e}") from None
         unknown = set(m.checks) - set(CHECKS)
         if unknown:
             raise ValueError(f"mutant {m.id}: unknown checks {sorted(unknown)}")
+        if m.file not in files or not (root / m.file).resolve().is_relative_to(inside):
+            raise ValueError(f"mutant {m.id}: file {m.file!r} is not a file of the tree {str(root)!r} (it must be a path "
+                             "relative to the repository root that git tracks, inside the tree)")
         out.append(m)
     ids = [m.id for m in out]
     dup = {i for i in ids if ids.count(i) > 1}
@@ -332,22 +343,33 @@ def matrix(rows: list[dict[str, Any]]) -> str:
 # -- command line ----------------------------------------------------------------------------------
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("mutants", help="apply each catalogued fault to a scratch copy and check the harness kills it")
-    p.add_argument("--catalogue", default=str(CATALOGUE))
+    p.add_argument("--catalogue", default=str(CATALOGUE), type=input_file)
     p.add_argument("--id", action="append", help="only this mutant (repeatable)")
-    p.add_argument("--backend", action="append", help="only mutants of this backend (repeatable)")
+    p.add_argument("--backend", action="append", type=backend_name, help="only mutants of this backend (repeatable)")
     p.add_argument("--profile", default="ci", choices=PROFILES)
     p.add_argument("--all-checks", action="store_true", help="run every check on every mutant (the full matrix), not just until the first kill")
     p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
-    p.add_argument("--report", default="reports/mutants.json")
-    p.add_argument("--junit", help="write a JUnit XML report here")
+    p.add_argument("--report", default="reports/mutants.json", type=output_file)
+    p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.add_argument("--list", action="store_true", help="list the catalogue and check every mutant applies, then stop")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=_cmd, check=_select)
+
+
+def _select(ns: argparse.Namespace) -> list[Mutant]:
+    """The mutants the command line asks for; ValueError when the catalogue does not load or holds none of them."""
+    catalogue = load(Path(ns.catalogue))
+    unknown = [i for i in ns.id or [] if i not in {m.id for m in catalogue}]
+    if unknown:
+        raise ValueError(f"--id: unknown mutant {', '.join(map(repr, unknown))}; known: {', '.join(m.id for m in catalogue)}")
+    chosen = [m for m in catalogue if (not ns.id or m.id in ns.id) and (not ns.backend or m.backend in ns.backend)]
+    if not chosen:
+        raise ValueError(f"no mutant of {ns.catalogue} matches --id and --backend")
+    return chosen
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    catalogue = load(Path(ns.catalogue))
-    chosen = [m for m in catalogue if (not ns.id or m.id in ns.id) and (not ns.backend or m.backend in ns.backend)]
+    chosen = _select(ns)
     if ns.list:
         bad = 0
         for m in chosen:
@@ -362,13 +384,15 @@ def _cmd(ns: argparse.Namespace) -> int:
     s = Scratch(ROOT, Path(ns.scratch) if ns.scratch else None, ns.keep)
     print(f"specdiff mutants: {len(chosen)} faults, profile {ns.profile}, scratch tree {s.dir}", flush=True)
     rows: list[dict[str, Any]] = []
-    try:
+    incomplete = None
+    try:  # the report is written whatever happens: the rows so far, and why the run stopped
         if any(m.file.startswith("csrc/") for m in chosen):
             t = time.perf_counter()
             built = s.build()
             if built.returncode != 0:
                 print((built.stdout + built.stderr)[-3000:])
                 print("FAILED: the unmutated tree does not build")
+                incomplete = "the unmutated tree does not build"
                 return 1
             s.save_pristine()
             print(f"  built the unmutated extension in {time.perf_counter() - t:.0f} s", flush=True)
@@ -377,20 +401,31 @@ def _cmd(ns: argparse.Namespace) -> int:
             rows.append(row)
             how = row["error"] or (f"killed by {row['killed_by']}: {row['checks'][row['killed_by']]['detail']}" if row["killed_by"] else "SURVIVED")
             print(f"  {m.id} ({m.backend}, {m.fault}): {how[:220]} [{row['seconds']} s]", flush=True)
+    except BaseException as err:
+        incomplete = f"the run stopped after {len(rows)} of {len(chosen)} mutants: {type(err).__name__}: {err}"
+        raise
     finally:
         s.close()
+        survived, broken = _report(ns, rows, time.perf_counter() - started, incomplete)
+    return 0 if not survived and not broken else 1
+
+
+def _report(ns: argparse.Namespace, rows: list[dict[str, Any]], seconds: float, incomplete: str | None) -> tuple[list[str], list[str]]:
+    """Prints the kill matrix and writes the JSON (and JUnit) report; returns the survivors and the broken mutants."""
     print()
     print(matrix(rows))
     killed = sum(1 for r in rows if r["killed_by"])
     survived = [r["id"] for r in rows if not r["killed_by"] and not r["error"]]
     broken = [r["id"] for r in rows if r["error"]]
-    total = time.perf_counter() - started
     print(f"\nkilled {killed}/{len(rows)}" + (f"; survived: {', '.join(survived)}" if survived else "")
-          + (f"; stale or not building: {', '.join(broken)}" if broken else "") + f"; {total:.0f} s")
+          + (f"; stale or not building: {', '.join(broken)}" if broken else "") + f"; {seconds:.0f} s")
+    report: dict[str, Any] = {"schema": 1, "profile": ns.profile, "killed": killed, "total": len(rows), "seconds": round(seconds, 1),
+                              "mutants": rows}
+    if incomplete:
+        report["incomplete"] = incomplete
     path = Path(ns.report)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": 1, "profile": ns.profile, "killed": killed, "total": len(rows), "seconds": round(total, 1),
-                                "mutants": rows}, indent=2) + "\n")
+    path.write_text(json.dumps(report, indent=2) + "\n")
     if ns.junit:
         from conformance import junit
 
@@ -400,4 +435,4 @@ def _cmd(ns: argparse.Namespace) -> int:
                            error=r["error"])
             for r in rows
         ])
-    return 0 if not survived and not broken else 1
+    return survived, broken

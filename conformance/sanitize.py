@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conformance.arguments import input_file, kernel_name, output_dir
 from conformance.profiles import PROFILES
 
 FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
@@ -112,14 +113,14 @@ def _engine(ns: argparse.Namespace, reports: Path) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sanitize", help="build the C++ port with ASan+UBSan in a scratch copy and run conformance, fuzz and threads under it")
     p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "ci"), choices=PROFILES)
-    p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
-    p.add_argument("--reports", default="reports", help="where the JSON and JUnit reports go")
+    p.add_argument("--reports", default="reports", type=output_dir, help="where the JSON and JUnit reports go")
     p.add_argument("--backend", choices=("cpu", "vllm-cpu"), default="cpu",
                    help="cpu: specdiff's C++ port (conformance, fuzz, threads); vllm-cpu: vLLM's CPU port (needs --vllm)")
     p.add_argument("--vllm", default="0.33.0", metavar="VERSION|PATH", help="the vLLM for --backend vllm-cpu (default 0.33.0)")
-    p.add_argument("--expected", help="the engine's known findings (default: conformance/engine/expected.toml)")
+    p.add_argument("--expected", type=input_file, help="the engine's known findings (default: conformance/engine/expected.toml)")
     p.set_defaults(func=_cmd)
 
 

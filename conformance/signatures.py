@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from conformance import kernels
+from conformance.arguments import backend_name, kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import LAUNCH_OPTIONS, REQUIRED, KernelSpec, Kind
 from conformance.runner import Case, _bits, _copy_args
@@ -382,12 +383,12 @@ def report(results: list[Check]) -> str:
 # -- command line ------------------------------------------------------------------------------
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("signatures", help="check every backend's launch signature against its contract")
-    p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
-    p.add_argument("--backend", action="append", help="only this backend (repeatable)")
+    p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
+    p.add_argument("--backend", action="append", type=backend_name, help="only this backend (repeatable)")
     p.add_argument("--vllm", nargs="?", const="", metavar="VERSION|PATH",
                    help="also check the contracts against vLLM's own kernels, read from this release or path "
                         "(default: SPECDIFF_VLLM; skipped, with the reason, when none is named)")
-    p.add_argument("--junit", help="write a JUnit XML report here")
+    p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.set_defaults(func=_cmd)
 
 

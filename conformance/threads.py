@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conformance.arguments import kernel_name, output_file
 from conformance.profiles import PROFILES
 
 SHIM = r"""
@@ -106,21 +106,23 @@ def thread_counts() -> list[int]:
     return counts
 
 
-def build_shim(directory: str | os.PathLike[str] | None = None) -> Path:
-    """Compiles :data:`SHIM` (about a second) once per source and compiler into a shared cache
-    directory (or ``directory``); returns the shared library's path."""
+def build_shim() -> Path:
+    """Compiles :data:`SHIM` (a fraction of a second) into a new private directory and returns the
+    library's path; the caller removes its directory when done.
+
+    Nothing is cached: a library found in a shared or predictable place could have been planted
+    there by anyone, and what would make reusing one safe (checking the directory's owner and mode
+    and the library's hash) is more code than the compile is time. ``mkdtemp`` makes the directory
+    with a fresh random name and mode 0700."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
-    key = hashlib.sha256(f"{cc}\0{SHIM}".encode()).hexdigest()[:16]
-    directory = Path(directory or Path(tempfile.gettempdir()) / f"specdiff-shim-{key}")
-    lib = directory / "libspecdiff_force_parallel.so"
-    if lib.exists():
-        return lib
-    directory.mkdir(parents=True, exist_ok=True)
-    src, tmp = directory / f"force_parallel.{os.getpid()}.c", directory / f".{os.getpid()}.so"
-    src.write_text(SHIM)
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(src), "-ldl"], check=True)
-    os.replace(tmp, lib)  # atomic: concurrent runs never load a half-written library
-    src.unlink()
+    directory = Path(tempfile.mkdtemp(prefix="specdiff-shim-"))
+    src, lib = directory / "force_parallel.c", directory / "libspecdiff_force_parallel.so"
+    try:
+        src.write_text(SHIM)
+        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     return lib
 
 
@@ -197,7 +199,7 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
 
     from conformance import kernels
     from conformance.backends import BACKENDS
-    from conformance.runner import _key, _variants, save_case
+    from conformance.runner import _key, _variants, replay_command, save_failure
     from conformance.strategies import cases
     from cpu_impl import _C
 
@@ -215,8 +217,8 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
             for variant in range(_variants(case.spec, case.args)):
                 outs = _outputs(case, plan, variant)
                 if len({_key(o) for o in outs.values()}) > 1:
-                    path = save_case(case)
-                    raise ThreadDisagreement(f"{_describe(kernel, plan, outs)}\n  replay: python -m conformance threads --replay {path}")
+                    path = save_failure(case)
+                    raise ThreadDisagreement(f"{_describe(kernel, plan, outs)}\n  replay: {replay_command(path, 'threads', '--replay')}")
         finally:
             _C.set_num_threads(counts[-1])
             _stagger(0)
@@ -275,27 +277,44 @@ def replay(path: str, counts: list[int]) -> int:
 
 
 # -- command line: re-executes itself with the shim preloaded ------------------------------------
+MAX_THREADS = 4096  # beyond any machine's cores: a larger count is a typo
+
+
+def team_sizes(value: str) -> list[int]:
+    """``--threads``: comma-separated OpenMP team sizes, each from 1 to :data:`MAX_THREADS`."""
+    try:
+        out = [int(x) for x in value.split(",")]
+    except ValueError:
+        out = []
+    if not out or not all(1 <= n <= MAX_THREADS for n in out):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of thread counts from 1 to {MAX_THREADS}")
+    return out
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("threads", help="check the C++ port gives bit-identical outputs at 1, 2, 3 and all OpenMP threads")
     p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
-    p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
-    p.add_argument("--threads", help="comma-separated thread counts (default 1,2,3,all cores)")
+    p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
+    p.add_argument("--threads", type=team_sizes, help="comma-separated thread counts (default 1,2,3,all cores)")
     p.add_argument("--max-examples", type=int, help="override the profile's examples per kernel")
     p.add_argument("--no-force", action="store_true", help="keep the ports' own serial thresholds (no preload shim)")
-    p.add_argument("--report", default="reports/threads.json")
-    p.add_argument("--junit", help="write a JUnit XML report here")
+    p.add_argument("--report", default="reports/threads.json", type=output_file)
+    p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.add_argument("--replay", help="re-run one saved case at every thread count")
     p.set_defaults(func=_cmd)
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    counts = [int(x) for x in ns.threads.split(",")] if ns.threads else thread_counts()
+    counts = ns.threads or thread_counts()
     if not ns.no_force and os.environ.get(_ENV_FLAG) is None:
         lib = build_shim()
-        env = dict(os.environ)
-        env["LD_PRELOAD"] = " ".join(x for x in (env.get("LD_PRELOAD", ""), str(lib)) if x)  # after libasan, if any
-        env[_ENV_FLAG] = str(lib)
-        return subprocess.run([sys.executable, "-m", "conformance", "threads", *_argv(ns)], env=env).returncode
+        try:
+            env = dict(os.environ)
+            env["LD_PRELOAD"] = " ".join(x for x in (env.get("LD_PRELOAD", ""), str(lib)) if x)  # after libasan, if any
+            env[_ENV_FLAG] = str(lib)
+            return subprocess.run([sys.executable, "-m", "conformance", "threads", *_argv(ns)], env=env).returncode
+        finally:
+            shutil.rmtree(lib.parent, ignore_errors=True)
     if ns.replay:
         return replay(ns.replay, counts)
     from hypothesis import settings
@@ -307,25 +326,31 @@ def _cmd(ns: argparse.Namespace) -> int:
     print(f"specdiff threads: profile {ns.profile}, OpenMP threads {counts}, "
           f"{'every parallel region forced (preload shim), then 2 and all threads with the master held back' if forcing else 'ports keep their serial thresholds'}",
           flush=True)
-    results = {}
-    for name in ns.kernel or list(kernels.SPECS):
-        e = check_kernel(name, counts, ns.max_examples)
-        results[name] = e
-        forced = f", {e['forced_regions']}/{e['parallel_regions']} regions forced parallel" if "forced_regions" in e else ""
-        print(f"  {name}: {e['status']} {e['examples']} cases in {e.get('seconds', 0)} s{forced}", flush=True)
-        if e["message"]:
-            print("\n" + e["message"] + "\n", flush=True)
-    path = Path(ns.report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": 1, "profile": ns.profile, "threads": counts, "forced": forcing, "kernels": results}, indent=2) + "\n")
-    if ns.junit:
-        from conformance import junit
+    results: dict[str, dict[str, Any]] = {}
+    report: dict[str, Any] = {"schema": 1, "profile": ns.profile, "threads": counts, "forced": forcing, "kernels": results}
+    try:  # the report is written whatever happens: what was collected, and why the run stopped
+        for name in ns.kernel or list(kernels.SPECS):
+            e = check_kernel(name, counts, ns.max_examples)
+            results[name] = e
+            forced = f", {e['forced_regions']}/{e['parallel_regions']} regions forced parallel" if "forced_regions" in e else ""
+            print(f"  {name}: {e['status']} {e['examples']} cases in {e.get('seconds', 0)} s{forced}", flush=True)
+            if e["message"]:
+                print("\n" + e["message"] + "\n", flush=True)
+    except BaseException as err:
+        report["incomplete"] = f"the run stopped after {len(results)} kernels: {type(err).__name__}: {err}"
+        raise
+    finally:
+        path = Path(ns.report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        if ns.junit:
+            from conformance import junit
 
-        junit.write(ns.junit, "threads", [
-            junit.TestCase("threads", k, e.get("seconds", 0.0), failure=e["message"] if e["status"] == "fail" else None,
-                           error=e["message"] if e["status"] == "error" else None, skipped=e["message"] if e["status"] == "missing" else None)
-            for k, e in results.items()
-        ])
+            junit.write(ns.junit, "threads", [
+                junit.TestCase("threads", k, e.get("seconds", 0.0), failure=e["message"] if e["status"] == "fail" else None,
+                               error=e["message"] if e["status"] == "error" else None, skipped=e["message"] if e["status"] == "missing" else None)
+                for k, e in results.items()
+            ])
     bad = [k for k, e in results.items() if e["status"] in ("fail", "error")]
     if bad:
         print(f"FAILED: {', '.join(bad)}")
@@ -339,7 +364,7 @@ def _argv(ns: argparse.Namespace) -> list[str]:
     for k in ns.kernel or []:
         out += ["--kernel", k]
     if ns.threads:
-        out += ["--threads", ns.threads]
+        out += ["--threads", ",".join(map(str, ns.threads))]
     if ns.max_examples is not None:
         out += ["--max-examples", str(ns.max_examples)]
     if ns.junit:

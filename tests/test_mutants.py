@@ -44,3 +44,39 @@ def test_a_python_fault_is_killed_end_to_end(tmp_path):
         s.close()
     assert row["error"] is None and row["killed_by"] == "conformance", row
     assert (tmp_path / "tree" / m.file).exists() is False or "min(n, MAX_NUM_TOKENS)" in (tmp_path / "tree" / m.file).read_text()
+
+
+def _catalogue(tmp_path, file):
+    path = tmp_path / "mutants.toml"
+    path.write_text(f'[[mutant]]\nid = "escape"\nbackend = "cpu"\nfile = "{file}"\nfind = "a"\nreplace = "b"\n'
+                    'kernels = ["expand_kernel"]\nfault = "f"\ndescription = "d"\n')
+    return path
+
+
+@pytest.mark.parametrize("file", ["/etc/hostname", "../outside.py", "csrc/../../outside.py", "no/such/file.py"])
+def test_a_mutant_outside_the_tree_is_refused_when_the_catalogue_loads(tmp_path, file):
+    with pytest.raises(ValueError, match=f"mutant escape: file '{file}' is not a file of the tree"):
+        mutants.load(_catalogue(tmp_path, file))
+
+
+def test_a_symbolic_link_out_of_the_tree_is_refused(tmp_path):
+    tree, outside = tmp_path / "tree", tmp_path / "outside.py"
+    tree.mkdir()
+    outside.write_text("a = 1\n")
+    (tree / "inside.py").write_text("a = 1\n")
+    (tree / "link.py").symlink_to(outside)
+    assert mutants.load(_catalogue(tmp_path, "inside.py"), root=tree)[0].file == "inside.py"
+    assert "link.py" in mutants.tree_files(tree)  # listed by the tree, yet leads out of it
+    with pytest.raises(ValueError, match="mutant escape: file 'link.py' is not a file of the tree"):
+        mutants.load(_catalogue(tmp_path, "link.py"), root=tree)
+
+
+def test_the_command_line_refuses_unknown_mutants_and_backends(capsys):
+    from conformance import cli
+
+    for argv, message in ((["--id", "no-such-mutant"], "--id: unknown mutant 'no-such-mutant'; known: "),
+                          (["--backend", "nope"], "argument --backend: unknown backend 'nope'; known: "),
+                          (["--catalogue", "/no/such.toml"], "argument --catalogue: cannot read")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["mutants", *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err, argv

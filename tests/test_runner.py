@@ -3,15 +3,18 @@ and it names the kernel, the odd backend and the request; saved cases replay."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conformance import kernels
+from conformance import cli, kernels, runner
+from conformance.arguments import output_file
 from conformance.backends import BACKENDS, Backend, register_backend
-from conformance.runner import Case, Disagreement, load_case, replay_command, run_case, save_case
+from conformance.findings import Findings
+from conformance.runner import NOT_SAVED, Case, Diff, Disagreement, load_case, replay_command, run_case, save_case
 
 
 def _case():
@@ -87,7 +90,7 @@ def test_the_oracle_is_outvoted_by_two_agreeing_backends(monkeypatch):
 
 
 def test_saved_cases_replay_from_the_printed_command(tmp_path, planted):
-    path = save_case(_case(), tmp_path / "case.pt")
+    path = save_case(_case(), tmp_path / "case.safetensors")
     again = load_case(path)
     assert again.kernel == "rejection_greedy_sample_kernel" and torch.equal(again.args["target_argmax_ptr"], torch.tensor([1, 5, 3]))
     cmd = replay_command(path)
@@ -115,9 +118,131 @@ def test_cli_runs_and_writes_the_report(tmp_path):
     done = subprocess.run([sys.executable, "-m", "conformance", "run", "--profile", "dev", "--kernel", "expand_kernel",
                            "--report", str(report)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    import json
-
     data = json.loads(report.read_text())
     entry = data["kernels"]["expand_kernel"]
     assert {b: e["status"] for b, e in entry.items()} == {"reference": "pass", "triton": "pass", "cpu": "pass"}
     assert entry["cpu"]["examples"] >= 50
+
+
+# -- the command line checks names and paths before it runs ------------------------------------------
+def _usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "threads", "fuzz", "signatures", "sanitize"])
+def test_an_unknown_kernel_is_a_usage_error_listing_the_known_ones(command, capsys):
+    err = _usage_error([command, "--kernel", "expand_kernal"], capsys)
+    assert "argument --kernel: unknown kernel 'expand_kernal'; known: " in err and "expand_kernel" in err
+
+
+@pytest.mark.parametrize("command", ["run", "signatures", "mutants"])
+def test_an_unknown_backend_is_a_usage_error_listing_the_known_ones(command, capsys):
+    err = _usage_error([command, "--backend", "cuda"], capsys)
+    assert "argument --backend: unknown backend 'cuda'; known: reference, triton, cpu" in err
+
+
+def test_a_run_that_could_compare_nothing_is_refused_before_it_starts(capsys, monkeypatch):
+    assert "--backend reference alone compares nothing" in _usage_error(["run", "--backend", "reference"], capsys)
+    monkeypatch.delenv("SPECDIFF_VLLM", raising=False)
+    assert "--backend vllm-cpu: vLLM's own kernels need a vLLM" in _usage_error(["run", "--backend", "vllm-cpu"], capsys)
+
+
+def test_bad_report_paths_fail_before_the_run(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dir").mkdir()
+    for option, value, message in (("--report", tmp_path / "dir", "is a directory"),
+                                   ("--report", tmp_path / "file" / "r.json", "cannot write"),
+                                   ("--junit", tmp_path / "file" / "sub" / "r.xml", "cannot write")):
+        err = _usage_error(["run", "--kernel", "expand_kernel", option, str(value)], capsys)
+        assert f"argument {option}: " in err and message in err, err
+    assert "argument --reports: " in _usage_error(["sanitize", "--reports", str(tmp_path / "file")], capsys)
+
+
+def test_the_report_path_check_leaves_nothing_behind(tmp_path):
+    target = tmp_path / "a" / "b" / "r.json"
+    assert output_file(str(target)) == str(target)
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "kept.json").write_text("old")
+    output_file(str(tmp_path / "kept.json"))
+    assert (tmp_path / "kept.json").read_text() == "old"
+
+
+@pytest.fixture
+def absent():
+    """A backend that is registered but cannot run here."""
+    cpu = BACKENDS["cpu"]
+    register_backend(Backend("absent", cpu.resolve, cpu.device, cpu.mode, lambda: "not on this machine"))
+    yield "absent"
+    BACKENDS.pop("absent")
+
+
+def test_a_kernel_only_one_backend_could_run_is_not_compared_and_fails(tmp_path, absent, capsys):
+    report = tmp_path / "r.json"
+    assert cli.main(["run", "--kernel", "expand_kernel", "--backend", absent, "--report", str(report)]) == 1
+    entry = json.loads(report.read_text())["kernels"]["expand_kernel"]
+    assert entry["reference"]["status"] == "not compared" and entry[absent]["status"] == "skipped"
+    assert "absent: not on this machine" in entry["reference"]["message"]
+    assert "FAILED: expand_kernel/reference" in capsys.readouterr().out
+
+
+def test_the_report_is_written_when_a_step_fails(tmp_path, monkeypatch):
+    report, junit = tmp_path / "r.json", tmp_path / "r.xml"
+
+    def check_kernel(name, backends, *args, **kw):
+        if name != "expand_kernel":
+            raise RuntimeError("the harness broke")
+        return {b: {"status": "pass", "examples": 1, "failures": 0, "mode": "-", "seconds": 0, "message": None} for b in backends}
+
+    monkeypatch.setattr(cli, "check_kernel", check_kernel)
+    with pytest.raises(RuntimeError, match="the harness broke"):
+        cli.main(["run", "--kernel", "expand_kernel", "--kernel", "rejection_greedy_sample_kernel", "--backend", "cpu",
+                  "--report", str(report), "--junit", str(junit)])
+    data = json.loads(report.read_text())
+    assert data["kernels"]["expand_kernel"]["cpu"]["status"] == "pass"
+    assert data["incomplete"] == "the run stopped after 1 of 2 kernels: RuntimeError: the harness broke"
+    assert 'name="cpu"' in junit.read_text()
+
+
+def test_an_unwritable_failures_directory_still_reports_the_disagreement(tmp_path, planted, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(runner, "FAILURES_DIR", tmp_path / "file" / "failures")  # below a file: never creatable
+    planted("bonus_after_reject", lambda kw: kw["output_token_ids_ptr"].__setitem__((0, 2), 7))
+    report = tmp_path / "r.json"
+    rc = cli.main(["run", "--kernel", "rejection_greedy_sample_kernel", "--backend", "cpu", "--backend", "bonus_after_reject",
+                   "--no-shrink", "--no-require-coverage", "--report", str(report)])
+    out = capsys.readouterr()
+    entry = json.loads(report.read_text())["kernels"]["rejection_greedy_sample_kernel"]
+    assert rc == 1 and {b: e["status"] for b, e in entry.items()} == {"reference": "pass", "cpu": "pass", "bonus_after_reject": "fail"}
+    assert "'bonus_after_reject (planted)'" in entry["bonus_after_reject"]["message"]
+    assert f"replay: {NOT_SAVED}" in entry["bonus_after_reject"]["message"]
+    assert "warning: could not save the failing rejection_greedy_sample_kernel case" in out.err
+
+
+def test_findings_keep_their_status_when_their_cases_cannot_be_saved(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(runner, "FAILURES_DIR", tmp_path / "file" / "failures")
+    found = Findings()
+    found.add(_case(), Diff("cpu", "output_token_ids_ptr", "value", index=2), "cpu differs")
+    found.save({"backends": ["reference", "cpu"]})
+    (f,) = found
+    assert f.status == "fail" and f.replay == NOT_SAVED
+
+
+def test_a_malformed_replay_file_is_one_clean_error_line(tmp_path, capsys):
+    path = save_case(_case(), tmp_path / "case.safetensors")
+    path.write_bytes(path.read_bytes()[:-10])
+    assert cli.main(["replay", str(path)]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith(f"error: replay file {str(path)!r} is not a saved case") and out.err.count("\n") == 1
+    assert "Traceback" not in out.out + out.err
+    assert cli.main(["replay", str(tmp_path / "none.safetensors")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_replay_on_one_backend_is_refused(tmp_path, capsys):
+    path = save_case(_case(), tmp_path / "case.safetensors")
+    assert cli.main(["replay", str(path), "--backend", "cpu"]) == 2
+    assert "replay needs two backends to compare, got cpu" in capsys.readouterr().err

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+import pytest
 import torch
 
-from conformance import kernels, threads
+from conformance import cli, kernels, threads
 from conformance.backends import BACKENDS, Backend
 
 PROFILE = os.environ.get("SPECDIFF_PROFILE", "dev")
@@ -54,10 +61,66 @@ def test_a_thread_dependent_port_is_caught(monkeypatch):
     assert "expand_kernel: output 'output_ptr' differs between 1 OpenMP thread and 2 OpenMP threads at flat element 0" in e["message"]
 
 
-def test_the_shim_builds_and_counts_nothing_outside_the_extension(tmp_path):
-    lib = threads.build_shim(tmp_path)
-    code = "import ctypes, torch; torch.ones(1 << 20).sum(); m = ctypes.CDLL(None); print(m.specdiff_parallel_regions())"
-    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LD_PRELOAD": str(lib)}, capture_output=True, text=True)
+def test_the_shim_builds_and_counts_nothing_outside_the_extension():
+    lib = threads.build_shim()
+    try:
+        code = "import ctypes, torch; torch.ones(1 << 20).sum(); m = ctypes.CDLL(None); print(m.specdiff_parallel_regions())"
+        done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LD_PRELOAD": str(lib)}, capture_output=True, text=True)
+    finally:
+        shutil.rmtree(lib.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"  # torch's own regions are left alone
     assert torch.get_num_threads() >= 1
+
+
+def _private(lib):
+    st = lib.parent.stat()
+    return stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid() and lib.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_a_library_planted_where_the_shim_used_to_be_cached_is_never_loaded(tmp_path, monkeypatch):
+    # The old cache: <tmp>/specdiff-shim-<sha256(cc, source)[:16]>/libspecdiff_force_parallel.so, used if present.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    key = hashlib.sha256((cc + "\0" + threads.SHIM).encode()).hexdigest()[:16]
+    planted = tmp_path / f"specdiff-shim-{key}"
+    planted.mkdir(mode=0o777)
+    (planted / "libspecdiff_force_parallel.so").write_bytes(b"planted")
+    lib = threads.build_shim()
+    assert lib.parent != planted and lib.parent.parent == tmp_path
+    assert _private(lib), oct(lib.parent.stat().st_mode)
+    assert (planted / "libspecdiff_force_parallel.so").read_bytes() == b"planted"
+
+
+def test_every_build_is_fresh_and_private_and_removed_after_the_run(monkeypatch):
+    first, second = threads.build_shim(), threads.build_shim()
+    try:
+        assert first.parent != second.parent and _private(first) and _private(second)
+    finally:
+        shutil.rmtree(first.parent)
+        shutil.rmtree(second.parent)
+    seen = []
+    run = subprocess.run
+
+    def child(argv, **kw):  # the re-executed child: see its preload, and that the library exists while it runs
+        if argv[0] != sys.executable:
+            return run(argv, **kw)  # the compiler
+        lib = Path(kw["env"]["LD_PRELOAD"].split()[-1])
+        seen.append((lib, lib.exists()))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.delenv("SPECDIFF_FORCE_PARALLEL", raising=False)
+    monkeypatch.setattr(threads.subprocess, "run", child)
+    ns = argparse.Namespace(no_force=False, threads=None, profile="dev", report="r.json", kernel=None, max_examples=None,
+                            junit=None, replay=None)
+    assert threads._cmd(ns) == 0
+    (lib, existed), = seen
+    assert existed and not lib.parent.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "a,b", "5000", "", "1,,2", "-1", "2.5"])
+def test_a_bad_thread_list_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["threads", "--threads", value])
+    assert e.value.code == 2
+    assert "argument --threads" in capsys.readouterr().err

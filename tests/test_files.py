@@ -1,0 +1,183 @@
+"""Saved cases are data: they come back exactly (aliasing, strided and lazy views, exact scalars),
+and a file that is not a well-formed case, or one that would run code, is a ValueError naming it."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+from safetensors import safe_open
+
+from conformance.runner import Case, load_case, save_case
+
+KERNEL = "rejection_greedy_sample_kernel"
+
+
+def _saved(tmp_path):
+    wide = torch.arange(24, dtype=torch.int32).reshape(4, 6)
+    args = {"a": wide, "b": wide, "col": wide[:, 2:4], "c": torch.tensor([1.5, -2.0]), "n": 7}
+    return save_case(Case(KERNEL, args), tmp_path / "case.safetensors")
+
+
+def _rewrite(path, change):
+    """Writes ``path`` again with its JSON document (and storages) passed through ``change``."""
+    with safe_open(str(path), framework="pt") as f:
+        doc = json.loads(f.metadata()["specdiff"])
+        blobs = {k: f.get_tensor(k) for k in f.keys()}
+    change(doc, blobs)
+    path.write_bytes(safetensors.torch.save(blobs, metadata={"specdiff": json.dumps(doc)}))
+    return path
+
+
+def test_a_case_comes_back_with_its_aliasing_views_and_exact_scalars(tmp_path):
+    wide = torch.arange(24, dtype=torch.int32).reshape(4, 6)
+    z = torch.randn(3, dtype=torch.complex64)
+    args = {
+        "a": wide, "b": wide,                           # one tensor bound to two parameters
+        "col": wide[:, 2:4],                            # a column slice of a wider buffer
+        "bits": wide.view(torch.float32)[1],            # the same bytes as another dtype, at an offset
+        "neg": z.conj().imag,                           # a lazy negative view (strided, offset 1)
+        "empty": torch.empty(0, dtype=torch.int64),
+        "nan": float("nan"), "negzero": -0.0, "big": 2**80, "flag": True, "none": None, "name": "x",
+    }
+    path = save_case(Case(KERNEL, args, grid=(4, 2), positional=True, note="why"), tmp_path / "c.safetensors", {"backends": ["cpu"]})
+    case = load_case(path)
+    got = case.args
+    assert got["a"] is got["b"]
+    base = got["a"].untyped_storage().data_ptr()
+    for name in ("col", "bits"):
+        assert got[name].untyped_storage().data_ptr() == base, name
+    assert got["col"].data_ptr() - got["a"].data_ptr() == 2 * 4 and got["col"].stride() == (6, 1) and got["col"].shape == (4, 2)
+    assert got["bits"].dtype == torch.float32 and got["bits"].data_ptr() - got["a"].data_ptr() == 6 * 4
+    assert torch.equal(got["a"], wide) and torch.equal(got["col"], wide[:, 2:4])
+    assert torch.equal(got["bits"].view(torch.int32), wide[1])
+    assert got["neg"].is_neg() and got["neg"].stride() == (2,) and got["neg"].storage_offset() == 1
+    assert torch.equal(got["neg"], z.conj().imag)
+    assert got["empty"].shape == (0,) and got["empty"].dtype == torch.int64
+    assert math.isnan(got["nan"]) and math.copysign(1, got["negzero"]) == -1 and got["big"] == 2**80
+    assert (got["flag"], got["none"], got["name"]) == (True, None, "x")
+    assert (case.kernel, case.grid, case.positional, case.note, case.meta) == (KERNEL, (4, 2), True, "why", {"backends": ["cpu"]})
+
+
+def test_the_fuzz_s_malformed_values_come_back(tmp_path):
+    args = {"meta": torch.zeros(2, 3).to("meta"), "cplx": torch.tensor([1 + 2j], dtype=torch.complex64),
+            "nested": [[1.5, float("inf")], [complex(0, -1)], [True, 3]], "array": np.arange(4, dtype=np.int16)[::2]}
+    got = load_case(save_case(Case(KERNEL, args), tmp_path / "c.safetensors")).args
+    assert got["meta"].device.type == "meta" and got["meta"].shape == (2, 3)
+    assert torch.equal(got["cplx"], args["cplx"])
+    assert got["nested"] == args["nested"] and type(got["nested"][2][0]) is bool
+    assert isinstance(got["array"], np.ndarray) and got["array"].tolist() == [0, 2] and got["array"].strides == (4,)
+
+
+class _Payload:
+    """Unpickling this creates the file ``path``: what a hostile replay file would do, harmlessly."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_a_pickle_is_refused_without_running_it(tmp_path, how):
+    marker = tmp_path / "ran"
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "proof")))  # the payload is live: unpickling runs it
+    assert (tmp_path / "proof").exists()
+    path = tmp_path / "case.pt"
+    if how == "pickle":
+        path.write_bytes(pickle.dumps({"kernel": KERNEL, "args": {"x": _Payload(marker)}}))
+    else:
+        torch.save({"kernel": KERNEL, "args": {"x": _Payload(marker)}}, path)
+    with pytest.raises(ValueError, match=r"case\.pt.*unsupported.*no version field"):
+        load_case(path)
+    assert not marker.exists()
+
+
+def test_a_truncated_file_is_a_value_error_naming_it(tmp_path):
+    path = _saved(tmp_path)
+    data = path.read_bytes()
+    for cut in (len(data) - 3, 40, 5, 0):
+        path.write_bytes(data[:cut])
+        with pytest.raises(ValueError, match=r"case\.safetensors' is not a saved case"):
+            load_case(path)
+
+
+def test_a_missing_file_or_foreign_safetensors_file_is_named(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_case(tmp_path / "nope.safetensors")
+    other = tmp_path / "weights.safetensors"
+    other.write_bytes(safetensors.torch.save({"w": torch.zeros(2)}))
+    with pytest.raises(ValueError, match="unsupported format.*no version field"):
+        load_case(other)
+
+
+def _set(field, value):
+    def change(doc, blobs):
+        where = doc
+        *path, last = field
+        for k in path:
+            where = where[k]
+        if value is _DELETE:
+            del where[last]
+        else:
+            where[last] = value
+    return change
+
+
+_DELETE = object()
+_A = ("args", "a", "tensor")
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set(("version",), 2), "unsupported version 2"),
+    (_set(("version",), _DELETE), "no version field"),
+    (_set(("version",), True), "unsupported version True"),
+    (_set(("format",), "torch"), "unsupported format"),
+    (_set(("grid",), [1, -1]), "'grid'"),
+    (_set((*_A, "dtype"), "float128"), "dtype 'float128' is not one of"),
+    (_set((*_A, "dtype"), "object"), "dtype 'object'"),
+    (_set((*_A, "size"), [4, 7]), "reaches byte"),                 # one more column than the storage holds
+    (_set((*_A, "stride"), [1 << 62, 1]), "beyond int64"),         # no wrap-around: Python ints
+    (_set((*_A, "stride"), [-6, 1]), "non-negative"),
+    (_set((*_A, "size"), [4]), "same length"),
+    (_set((*_A, "byte_offset"), 2), "multiple of 4"),
+    (_set((*_A, "byte_offset"), 96), "reaches byte"),
+    (_set((*_A, "storage"), "s9"), "storage 's9' is not in the file"),
+    (_set((*_A, "neg"), "yes"), "neg, conj and requires_grad"),
+    (_set((*_A, "extra"), 1), "exactly the keys"),
+    (_set(("args", "n"), {"int": 1 << 130}), "not an int of at most 128 bits"),
+    (_set(("args", "n"), {"int": 1.5}), "not an int"),
+    (_set(("args", "n"), {"float": "zz"}), "not a float"),
+    (_set(("args", "n"), {"code": "print()"}), "'code'"),
+    (_set(("args", "n"), 3), "one key"),
+    (_set(("args",), []), "'args' must be a dict"),
+])
+def test_a_malformed_document_is_a_value_error_naming_the_file_and_the_field(tmp_path, change, message):
+    path = _rewrite(_saved(tmp_path), change)
+    with pytest.raises(ValueError, match=r"case\.safetensors'") as e:
+        load_case(path)
+    assert message in str(e.value)
+
+
+def test_a_storage_is_never_grown_to_fit_a_view(tmp_path):
+    def shrink(doc, blobs):
+        blobs["s0"] = blobs["s0"][:95].clone()  # one byte short of the 4 x 6 int32 buffer
+    with pytest.raises(ValueError, match="reaches byte 96 of storage 's0', which holds 95 bytes"):
+        load_case(_rewrite(_saved(tmp_path), shrink))
+
+
+def test_garbled_metadata_and_unknown_kernels(tmp_path):
+    path = _saved(tmp_path)
+    with safe_open(str(path), framework="pt") as f:
+        blobs = {k: f.get_tensor(k) for k in f.keys()}
+    path.write_bytes(safetensors.torch.save(blobs, metadata={"specdiff": '{"format": "specdiff-case", '}))
+    with pytest.raises(ValueError, match="not JSON"):
+        load_case(path)
+    with pytest.raises(KeyError, match="unknown kernel 'nope'; known: "):
+        load_case(_rewrite(_saved(tmp_path), _set(("kernel",), "nope")))
