@@ -40,6 +40,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance import kernels
+from conformance.arguments import kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import KernelSpec, Kind, Role
 from conformance.profiles import PROFILES
@@ -47,7 +48,7 @@ from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run
 
 # Malformed launches per profile, over all kernels (each launched on every validating backend).
 BUDGET = {"dev": 1000, "ci": 5000, "nightly": 50000}
-GUARD = 16  # elements of guard before and after every tensor
+GUARD = 16  # 8-byte words of guard before and after every tensor
 ALL_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
               torch.float32, torch.float64, torch.complex64)
 
@@ -243,21 +244,124 @@ def wrong_scalar_type(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> t
     return "wrong scalar type", n, how
 
 
+def aliased_output(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """A written tensor laid over another tensor argument's memory (C31): the same object where the
+    types allow, else a view at a drawn byte offset inside the other's bytes."""
+    pairs = [(o, i) for o in _tensors(spec, a) if spec.param(o).is_output and a[o].numel()
+             for i in _tensors(spec, a) if i != o and a[i].numel()]
+    if not pairs:
+        return None
+    o, i = draw(st.sampled_from(pairs))
+    out, inp = a[o], a[i]
+    same = inp.dtype == out.dtype and inp.shape == out.shape and inp.is_contiguous() and out.is_contiguous()
+    if same and draw(st.booleans()):
+        a[o] = inp
+        return "aliased output", o, f"the same tensor as '{i}'"
+    # One storage holding the input's bytes with the output's elements laid over some of them.
+    item = max(out.element_size(), inp.element_size())
+    in_bytes = inp.numel() * inp.element_size()
+    shift = draw(st.integers(0, max(0, in_bytes // item - 1))) * item
+    storage = torch.zeros(shift + max(in_bytes - shift, out.numel() * out.element_size()) + in_bytes + 8, dtype=torch.uint8)
+    view_in = storage[: in_bytes].view(inp.dtype).view(inp.shape) if inp.is_contiguous() else None
+    if view_in is None:
+        return None
+    view_in.copy_(inp)
+    view_out = storage[shift: shift + out.numel() * out.element_size()].view(out.dtype).view(out.shape)
+    view_out.copy_(out)
+    a[i], a[o] = view_in, view_out
+    return "aliased output", o, f"over '{i}' at byte {shift}"
+
+
+def lazy_view(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """A tensor with the same values behind a negative view: memory holds their negations."""
+    names = [n for n in _tensors(spec, a) if a[n].dtype != torch.bool and a[n].numel()]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    a[n] = torch._neg_view(-a[n])
+    return "negative view", n, "is_neg()"
+
+
+def sparse_layout(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = [n for n in _tensors(spec, a) if a[n].dim() >= 1 and a[n].dtype not in (torch.bfloat16, torch.float16)]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    a[n] = a[n].to_sparse()
+    return "sparse layout", n, "sparse_coo"
+
+
+def null_data(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """A fake tensor: it reports the CPU, its shape and dtype, and a null data pointer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    names = [n for n in _tensors(spec, a) if a[n].numel()]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    with FakeTensorMode():
+        a[n] = torch.empty_strided(a[n].shape, a[n].stride(), dtype=a[n].dtype)
+    return "null data pointer", n, "FakeTensor"
+
+
+def output_requires_grad(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    names = [n for n in _tensors(spec, a) if spec.param(n).is_output and a[n].dtype.is_floating_point]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    a[n] = a[n].detach().clone().requires_grad_()
+    return "output requires grad", n, "requires_grad"
+
+
+def overflowing_product(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """Two scalars, each plausible alone, whose product (or sum) passes int32 or int64."""
+    names = _scalars(spec, a)
+    if len(names) < 2:
+        return None
+    m, n = draw(st.lists(st.sampled_from(names), min_size=2, max_size=2, unique=True))
+    for k in (m, n):
+        a[k] = draw(st.sampled_from([2**16 + 1, 2**31 - 1, 2**31 + 1, 2**32 + 1, 3037000500, 2**62 - 1]))
+    return "overflowing product", f"{m}', '{n}", f"{a[m]} x {a[n]}"
+
+
+def huge_count(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The last element of an integer input (a cumulative total, a count, a length) at its dtype's
+    largest values: a loop over it would never end."""
+    names = [n for n in _ints(spec, a) if a[n].is_contiguous()]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    t = a[n].clone()
+    top = torch.iinfo(t.dtype).max
+    t.view(-1)[-1] = draw(st.sampled_from([top, top - 1, top // 2, 2**31 - 1]))
+    a[n] = t
+    return "huge count", n, f"[-1] = {int(t.view(-1)[-1])}"
+
+
+# Kinds that apply to some kernels' cases only come first: a kind that comes up short leaves its
+# share to the kinds after it, and the last ones apply to every case.
 KINDS: dict[str, Apply] = {
+    "aliased output": aliased_output,
+    "negative view": lazy_view,
+    "null data pointer": null_data,
+    "output requires grad": output_requires_grad,
+    "overflowing product": overflowing_product,
+    "huge count": huge_count,
+    "ids outside the vocabulary": ids_outside_vocab,
+    "flag disagrees with its tensor": flag_mismatch,
+    "negative length": negative_scalar,
+    "huge scalar": huge_scalar,
+    "wrong scalar type": wrong_scalar_type,
+    "decreasing cumulative counts": decreasing_counts,
+    "value out of range": out_of_range,
+    "non-contiguous": non_contiguous,
+    "sparse layout": sparse_layout,
+    "short buffer": short_buffer,
     "wrong dtype": wrong_dtype,
     "wrong rank": wrong_rank,
     "None for a required tensor": none_for_tensor,
     "not a tensor": not_a_tensor,
     "wrong device": wrong_device,
-    "non-contiguous": non_contiguous,
-    "short buffer": short_buffer,
-    "decreasing cumulative counts": decreasing_counts,
-    "negative length": negative_scalar,
-    "huge scalar": huge_scalar,
-    "value out of range": out_of_range,
-    "ids outside the vocabulary": ids_outside_vocab,
-    "flag disagrees with its tensor": flag_mismatch,
-    "wrong scalar type": wrong_scalar_type,
 }
 # Kinds that cannot apply to a kernel, judged from its contract alone.
 APPLIES: dict[str, Callable[[KernelSpec], bool]] = {
@@ -266,30 +370,21 @@ APPLIES: dict[str, Callable[[KernelSpec], bool]] = {
     "negative length": lambda spec: any(p.kind is not Kind.PTR for p in spec.params),
     "huge scalar": lambda spec: any(p.kind is not Kind.PTR for p in spec.params),
     "wrong scalar type": lambda spec: any(p.kind is not Kind.PTR for p in spec.params),
+    "overflowing product": lambda spec: sum(p.kind is not Kind.PTR for p in spec.params) >= 2,
+    "output requires grad": lambda spec: any(p.is_output and any(d.is_floating_point for d in p.dtypes) for p in spec.params),
 }
 
 # Known gaps, as data: (kernel, kind, parameter) -> the finding. The fuzz does not generate these
 # malformations (a generated one is redrawn) and every run prints them, until the owner fixes the
-# backend and deletes the entry.
-QUARANTINE: dict[tuple[str, str, str], str] = {
-    ("compute_slot_mapping_kernel", "huge scalar", "KV_CACHE_BLOCK_SIZE"):
-        "KBS * W overflows: the contract's check raises OverflowError, the C++ port multiplies past int64",
-    ("compute_slot_mapping_kernel", "huge scalar", "CP_KV_CACHE_INTERLEAVE_SIZE"):
-        "W * I overflows: the contract's check raises OverflowError, the oracle and the C++ port disagree",
-    ("compute_slot_mapping_kernel", "huge scalar", "TOTAL_CP_WORLD_SIZE"):
-        "KBS * W overflows: the oracle raises OverflowError (position // (KBS * W)) on a launch the contract accepts",
-    ("compute_slot_mapping_kernel", "negative length", "block_table_stride"):
-        "a stride of -2**63 with no local token: the oracle raises OverflowError on a launch the contract accepts",
-    ("eagle_prepare_next_token_padded_kernel", "negative length", "stride_sampled_token_ids"):
-        "with no column to read (W = 0) any stride is in contract, and the C++ port forms sampled + r * stride on an "
-        "empty tensor's null data pointer: undefined behaviour that UBSan reports (nox -s sanitize)",
-    ("eagle_prepare_next_token_padded_kernel", "huge scalar", "num_reqs"):
-        "the contract's require_rows allocates torch.arange(num_reqs) before comparing num_reqs with the tensor: 2**62 rows exhaust memory",
-}
+# backend and deletes the entry. Empty: the six entries that hid overflows, a null-pointer offset
+# and a quadratic check were fixed (C32), not listed.
+QUARANTINE: dict[tuple[str, str, str], str] = {}
 
-# Kinds every CI run must have produced at least once, over all kernels (issue 5's list).
+# Kinds every CI run must have produced at least once, over all kernels (issue 5's list, then the
+# hostile-input classes of issue 13).
 REQUIRED_KINDS = ("wrong dtype", "wrong rank", "short buffer", "decreasing cumulative counts", "negative length",
-                  "None for a required tensor", "ids outside the vocabulary")
+                  "None for a required tensor", "ids outside the vocabulary", "aliased output", "negative view",
+                  "sparse layout", "null data pointer", "output requires grad", "overflowing product", "huge count")
 
 
 @st.composite
@@ -320,63 +415,67 @@ def asan_active() -> bool:
 @dataclass
 class Guarded:
     """Every tensor argument as a view into a larger buffer of random bytes; ``snapshot`` is
-    the whole buffer before the launch."""
+    the whole buffer before the launch. Arguments that share memory share one buffer."""
 
     args: dict[str, Any]
-    buffers: list[tuple[str, torch.Tensor, torch.Tensor, int, int]] = field(default_factory=list)  # name, base, snapshot, lo, hi
+    buffers: list[tuple[str, torch.Tensor, torch.Tensor, int, int]] = field(default_factory=list)  # name, bytes, snapshot, lo, hi
 
 
-def _fill(base: torch.Tensor, g: torch.Generator) -> None:
-    if base.dtype == torch.bool:
-        base.copy_(torch.randint(0, 2, base.shape, generator=g).bool())
-    else:
-        raw = base.view(torch.uint8) if base.dtype.itemsize > 0 else base
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
+def _unguardable(v: torch.Tensor) -> bool:
+    """A tensor without plain memory to copy (sparse, fake): launched as it is."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return v.layout is not torch.strided or isinstance(v, FakeTensor)
 
 
 def guarded(args: dict[str, Any], guard: int, seed: int = 0) -> Guarded:
+    """Copies of ``args`` whose memory lies inside guard regions of ``guard`` * 8 random bytes:
+    one buffer per storage, so aliasing and strides are kept, and so are negative views."""
     g = torch.Generator().manual_seed(seed)
-    made: dict[int, torch.Tensor] = {}
     out = Guarded({})
+    pad = guard * 8
+    by_storage: dict[int, list[tuple[str, torch.Tensor]]] = {}
     for name, v in args.items():
-        if not isinstance(v, torch.Tensor) or v.device.type != "cpu":
+        if not isinstance(v, torch.Tensor) or v.device.type != "cpu" or _unguardable(v):
             out.args[name] = v
             continue
-        if id(v) in made:  # aliased parameters stay aliased
+        # An empty tensor may have a null data pointer: keyed by itself, it shares with nothing.
+        by_storage.setdefault(v.untyped_storage().data_ptr() or id(v), []).append((name, v))
+    for views in by_storage.values():
+        storage = views[0][1].untyped_storage()
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage)  # the storage's bytes, as stored
+        end = max((v.storage_offset() + 1 + sum((n - 1) * st_ for n, st_ in zip(v.shape, v.stride()))) * v.element_size()
+                  if v.numel() else 0 for _, v in views)
+        # Rounded up to the widest element, so it views as each dtype; no slack otherwise, so that under
+        # ASan (no guards) one byte past the tensor is past the allocation.
+        align = max(v.element_size() for _, v in views)
+        base = torch.randint(0, 256, (pad + -(-end // align) * align + pad,), dtype=torch.uint8, generator=g)
+        base[pad: pad + end] = raw[:end]
+        made: dict[int, torch.Tensor] = {}
+        for name, v in views:
+            if id(v) not in made:
+                view = base.view(v.dtype).as_strided(v.shape, v.stride(), pad // v.element_size() + v.storage_offset())
+                made[id(v)] = (torch._neg_view(view) if v.is_neg() else view).requires_grad_(v.requires_grad)
             out.args[name] = made[id(v)]
-            continue
-        span = 1 + sum((n - 1) * s for n, s in zip(v.shape, v.stride())) if v.numel() else 0
-        base = torch.empty(guard + span + guard, dtype=v.dtype)
-        _fill(base, g)
-        view = base.as_strided(v.shape, v.stride(), guard)
-        view.copy_(v)
-        made[id(v)] = view
-        out.args[name] = view
-        out.buffers.append((name, base, base.clone(), guard, guard + span))
+        out.buffers.append((" / ".join(n for n, _ in views), base, base.clone(), pad, pad + end))
     return out
-
-
-def _changed(base: torch.Tensor, snapshot: torch.Tensor) -> torch.Tensor:
-    if base.dtype.is_floating_point or base.dtype.is_complex:
-        return (base.view(torch.uint8) != snapshot.view(torch.uint8)).nonzero()
-    return (base != snapshot).nonzero()
 
 
 def untouched(gd: Guarded) -> str | None:
     """None when every byte of every buffer is as before; else what changed, where."""
     for name, base, snapshot, lo, hi in gd.buffers:
-        changed = _changed(base, snapshot)
+        changed = (base != snapshot).nonzero()
         if changed.numel():
-            i = int(changed[0]) // (base.dtype.itemsize if base.dtype.is_floating_point or base.dtype.is_complex else 1)
-            where = "the guard before it" if i < lo else "the guard after it" if i >= hi else "its own elements (or the gaps between its rows)"
-            return f"'{name}' changed at element {i - lo} of the buffer ({where})"
+            i = int(changed[0])
+            where = "the guard before it" if i < lo else "the guard after it" if i >= hi else "its own bytes (or the gaps between its rows)"
+            return f"'{name}' changed at byte {i - lo} of the buffer ({where})"
     return None
 
 
 def guards_intact(gd: Guarded) -> str | None:
     for name, base, snapshot, lo, hi in gd.buffers:
         for part, (a, b) in (("before", (0, lo)), ("after", (hi, base.numel()))):
-            if b > a and _changed(base[a:b], snapshot[a:b]).numel():
+            if b > a and bool((base[a:b] != snapshot[a:b]).any()):
                 return f"wrote the guard {part} '{name}' (an out-of-bounds write)"
     return None
 
@@ -414,6 +513,15 @@ def launch(backend: str, spec: KernelSpec, case: Case, args: dict[str, Any]) -> 
         kernel(**args)
 
 
+def _save(case: Case, path: Path) -> None:
+    """Saves a case for replay, unless it holds a tensor no file can (a fake or sparse tensor): its
+    note says how to rebuild it."""
+    if any(isinstance(v, torch.Tensor) and _unguardable(v) for v in case.args.values()):
+        path.unlink(missing_ok=True)
+        return
+    save_case(case, path)
+
+
 def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Path | None = None) -> bool:
     """Checks one malformed case; returns True when the contract rejected it (a malformed launch),
     False when it turned out valid (then the backends must agree). Raises BadInputFailure."""
@@ -436,7 +544,7 @@ def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Pat
     for b in backends:
         gd = guarded(m.case.args, guard, seed=len(b))
         if inflight is not None and b != ORACLE:
-            save_case(m.case, inflight)  # a crash leaves the case that caused it behind
+            _save(m.case, inflight)  # a crash leaves the case that caused it behind
         try:
             launch(b, spec, m.case, gd.args)
         except (TypeError, ValueError) as e:
@@ -509,7 +617,7 @@ def check_kernel(kernel: str, quota: int, guard: int | None = None, save_dir: Pa
     backends = validating_backends(spec)
     guard = (0 if asan_active() else GUARD) if guard is None else guard
     tally: Counter[str] = Counter()
-    inflight = (save_dir or FAILURES_DIR) / f"{kernel}.fuzz-inflight.pt"
+    inflight = (save_dir or FAILURES_DIR) / f"{kernel}.fuzz-inflight.safetensors"
     failures: list[str] = []
     started = time.perf_counter()
     kinds_here = [k for k in KINDS if APPLIES.get(k, lambda s: True)(spec)]
@@ -526,7 +634,7 @@ def check_kernel(kernel: str, quota: int, guard: int | None = None, save_dir: Pa
             try:
                 rejected = check_malformed(m, backends, guard, inflight)
             except (BadInputFailure, Hung):
-                save_case(m.case, (save_dir or FAILURES_DIR) / f"{kernel}.fuzz.pt")
+                _save(m.case, (save_dir or FAILURES_DIR) / f"{kernel}.fuzz.safetensors")
                 raise
             finally:
                 signal.alarm(0)
@@ -588,10 +696,10 @@ def replay(path: str) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fuzz", help="malformed launches through every validating backend: clean TypeError/ValueError, no writes")
     p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
-    p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--launches", type=int, help="malformed launches in all (default: dev 1,000, ci 5,000, nightly 50,000)")
-    p.add_argument("--report", default="reports/fuzz.json")
-    p.add_argument("--junit", help="write a JUnit XML report here")
+    p.add_argument("--report", default="reports/fuzz.json", type=output_file)
+    p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.add_argument("--replay", help="re-check one saved malformed case")
     p.set_defaults(func=_cmd)
 

@@ -51,8 +51,9 @@ def _flatten_sampled_kernel(
     sampled = flat_view(sampled_ptr)
     for r in range(len(cu) - 1):
         k = int(num_sampled_ptr[r])
-        row = sampled[r * sampled_stride : r * sampled_stride + k]
-        flat_sampled_ptr[cu[r] : cu[r] + k] = row.to(flat_sampled_ptr.dtype)
+        if k:  # a request with nothing accepted addresses no row, whatever its stride
+            row = sampled[r * sampled_stride : r * sampled_stride + k]
+            flat_sampled_ptr[cu[r] : cu[r] + k] = row.to(flat_sampled_ptr.dtype)
 
 
 def _tiles(row: torch.Tensor, width: int, block: int) -> torch.Tensor:

@@ -1,0 +1,152 @@
+"""Hostile input (issue 13): each class the fuzz generates, pinned as a regression on the launchers
+that validate (the oracle and the C++ port) — refused with the argument named, nothing written —
+and the in-contract neighbours of each refusal still run."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+import torch
+from support import i32, i64, run
+from test_eagle import SEVEN_WIDE, step_args
+
+from conformance.kernels import eagle, slot_mapping
+from cpu_impl import _C
+
+validating = pytest.mark.parametrize("backend", ["reference", "cpu"])
+K5 = eagle.EAGLE_STEP_SLOT_MAPPING_METADATA.name
+K7 = eagle.EAGLE_PREPARE_NEXT_TOKEN_PADDED.name
+K10 = slot_mapping.COMPUTE_SLOT_MAPPING.name
+
+
+def launch(backend, kernel, args):
+    run(backend, kernel, (1,), **args)
+
+
+def k5_args(**kw):
+    return step_args([50, 98, 99, 100], i32(SEVEN_WIDE), [51, 99, 100, 101], 6, **kw)
+
+
+def refused(backend, kernel, args, error, *names):
+    """The launch raises ``error`` naming every one of ``names``, and changes no tensor."""
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.layout is torch.strided
+              and v.untyped_storage().data_ptr()}
+    with pytest.raises(error) as e:
+        launch(backend, kernel, args)
+    for n in names:
+        assert f"'{n}'" in str(e.value), str(e.value)
+    for k, v in before.items():
+        assert torch.equal(args[k], v), f"{k} changed on a refused launch"
+
+
+@validating
+def test_declared_alias_runs_and_undeclared_overlap_is_refused(backend):
+    a = k5_args(alias=True)  # positions_ptr is out_clamped_positions_ptr, as vLLM passes it
+    launch(backend, K5, a)
+    assert a["positions_ptr"].tolist() == [51, 99, 0, 0]
+    # The declared pair as two views of one memory: only the same tensor object may alias.
+    a = k5_args()
+    a["out_clamped_positions_ptr"] = a["positions_ptr"].view(-1)
+    refused(backend, K5, a, ValueError, "out_clamped_positions_ptr")
+    # An output over an input the contract never lets it share: the slot mapping over the positions.
+    a = k5_args()
+    wide = torch.zeros(8, dtype=torch.int64)
+    wide[:4] = a["positions_ptr"]
+    a["positions_ptr"], a["out_slot_mapping_ptr"] = wide[:4], wide[2:8]
+    refused(backend, K5, a, ValueError, "out_slot_mapping_ptr", "positions_ptr")
+
+
+@validating
+@pytest.mark.parametrize("fault", ["negative view", "sparse", "fake", "grad"])
+def test_tensors_without_plain_memory_are_type_errors(backend, fault):
+    a = k5_args()
+    if fault == "negative view":
+        a["positions_ptr"] = torch._neg_view(-a["positions_ptr"])  # same values, negated memory
+    elif fault == "sparse":
+        a["positions_ptr"] = a["positions_ptr"].to_sparse()
+    elif fault == "fake":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            a["positions_ptr"] = torch.empty(4, dtype=torch.int64)
+    else:  # the only float output in the ten V1 kernels' contracts is expand_kernel's
+        out = torch.zeros(2, requires_grad=True)
+        args = dict(output_ptr=out, input_ptr=torch.ones(2), cu_num_tokens_ptr=i32([1, 2]), replace_from=0, replace_to=1,
+                    MAX_NUM_TOKENS=2)
+        refused(backend, "expand_kernel", args, TypeError, "output_ptr")
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fake tensor's data-pointer warning
+        refused(backend, K5, a, TypeError, "positions_ptr")
+
+
+@validating
+def test_overflowing_products_are_refused_and_their_neighbours_run(backend):
+    def args(kbs, world, interleave):
+        return dict(num_tokens=2, max_num_tokens=2, query_start_loc_ptr=i32([0, 2]), positions_ptr=i64([0, 1]),
+                    block_table_ptr=i32([[3, 4]]), block_table_stride=2, slot_mapping_ptr=i64([9, 9]),
+                    KV_CACHE_BLOCK_SIZE=kbs, TOTAL_CP_WORLD_SIZE=world, TOTAL_CP_RANK=0, CP_KV_CACHE_INTERLEAVE_SIZE=interleave,
+                    PAD_ID=-1, BLOCK_SIZE=4)
+
+    refused(backend, K10, args(2**32, 2**31, 1), ValueError, "TOTAL_CP_WORLD_SIZE")
+    refused(backend, K10, args(1, 2**32, 2**31), ValueError, "CP_KV_CACHE_INTERLEAVE_SIZE")
+    a = args(2**31, 2**31, 1)  # 2**62 positions per virtual block: in int64; position 1 is rank 1's
+    launch(backend, K10, a)
+    assert a["slot_mapping_ptr"].tolist() == [3 * 2**31, -1]
+
+
+@validating
+def test_dflash_last_query_position_past_int64_is_refused(backend):
+    big = 2**63 - 2  # last + 1 + k wraps for k >= 1: a negative block column, read before the table
+    args = dict(next_token_ids_ptr=i64([5]), target_positions_ptr=i64([big]), out_input_ids_ptr=i32([0, 0]),
+                out_context_positions_ptr=i64([0]), out_query_positions_ptr=i64([0, 0]),
+                out_context_slot_mapping_ptr=i64([0]), out_query_slot_mapping_ptr=i64([0, 0]),
+                out_token_indices_ptr=i32([0]), block_table_ptr=i32([[1, 2]]), block_table_stride=2,
+                query_start_loc_ptr=i32([0, 1]), num_rejected_tokens_ptr=0, parallel_drafting_token_id=7,
+                block_size=16, num_query_per_req=2, num_speculative_tokens=1, total_input_tokens=1, BLOCK_SIZE=4,
+                HAS_NUM_REJECTED=False)
+    refused(backend, "copy_and_expand_dflash_inputs_kernel", args, ValueError, "target_positions_ptr")
+
+
+@validating
+def test_a_huge_count_of_stride_zero_rows_is_refused_at_once(backend):
+    # 2**62 requests whose sampled rows all sit at row 0: one row to check, then the short masks refuse.
+    args = dict(sampled_token_ids_ptr=i64([[1, 2]]), discard_request_mask_ptr=torch.tensor([False]),
+                backup_next_token_ids_ptr=i64([0]), next_token_ids_ptr=i64([0]), valid_sampled_tokens_count_ptr=i64([0]),
+                vocab_size=10, num_sampled_tokens_per_req=2, num_reqs=2**62, stride_sampled_token_ids=0,
+                BLOCK_SIZE_TOKENS=2)
+    started = time.perf_counter()
+    refused(backend, K7, args, ValueError, "discard_request_mask_ptr")
+    assert time.perf_counter() - started < 5
+
+
+@validating
+def test_no_column_to_read_takes_any_stride(backend):
+    args = dict(sampled_token_ids_ptr=torch.zeros(2, 0, dtype=torch.int64), discard_request_mask_ptr=torch.tensor([False, False]),
+                backup_next_token_ids_ptr=i64([4, 5]), next_token_ids_ptr=i64([0, 0]), valid_sampled_tokens_count_ptr=i64([9, 9]),
+                vocab_size=10, num_sampled_tokens_per_req=0, num_reqs=2, stride_sampled_token_ids=-(2**63), BLOCK_SIZE_TOKENS=1)
+    launch(backend, K7, args)
+    assert args["next_token_ids_ptr"].tolist() == [4, 5] and args["valid_sampled_tokens_count_ptr"].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1025, 2**31])
+def test_set_num_threads_is_bounded(threads):
+    before = _C.max_threads()
+    with pytest.raises(ValueError, match="'threads'"):
+        _C.set_num_threads(threads)
+    assert _C.max_threads() == before
+
+
+def test_k7_oracle_is_linear_in_the_batch():
+    # 200,000 requests took five minutes when each row sliced the rest of the batch; linear, well under a second.
+    n = 200_000
+    args = dict(sampled_token_ids_ptr=torch.ones(n, 4, dtype=torch.int64), discard_request_mask_ptr=torch.zeros(n, dtype=torch.bool),
+                backup_next_token_ids_ptr=torch.zeros(n, dtype=torch.int64), next_token_ids_ptr=torch.zeros(n, dtype=torch.int64),
+                valid_sampled_tokens_count_ptr=torch.zeros(n, dtype=torch.int64), vocab_size=10, num_sampled_tokens_per_req=4,
+                num_reqs=n, stride_sampled_token_ids=4, BLOCK_SIZE_TOKENS=4)
+    started = time.perf_counter()
+    launch("reference", K7, args)
+    assert time.perf_counter() - started < 30
+    assert bool((args["valid_sampled_tokens_count_ptr"] == 4).all()) and bool((args["next_token_ids_ptr"] == 1).all())
