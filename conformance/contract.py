@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -244,7 +245,7 @@ class KernelSpec:
                     raise TypeError(f"{self.name}: '{p.name}' must not be a negative or conjugate view (resolve it first)")
                 if p.is_output and v.requires_grad:
                     raise TypeError(f"{self.name}: '{p.name}' is written by the kernel and must not require grad")
-                if v.numel() and device == "cpu" and v.data_ptr() == 0:
+                if v.numel() and device == "cpu" and _data_ptr(v) == 0:
                     raise TypeError(f"{self.name}: '{p.name}' has no data (a null data pointer: a fake or meta tensor?)")
                 if v.dim() not in p.ndim:
                     raise ValueError(f"{self.name}: '{p.name}' must have {_dims(p.ndim)}, got shape {tuple(v.shape)}")
@@ -296,6 +297,12 @@ class KernelSpec:
             v = a[p.name]
             if p.kind is not Kind.PTR and isinstance(v, int) and not -(2**63) <= v < 2**63:
                 raise ValueError(f"{self.name}: '{p.name}' must fit in int64, got {v}")
+
+
+def _data_ptr(t: torch.Tensor) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a fake tensor warns that its pointer means nothing: the question asked
+        return t.data_ptr()
 
 
 def byte_span(t: torch.Tensor) -> tuple[int, int]:

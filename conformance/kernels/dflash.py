@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from conformance.contract import (
-    Flag,
     INT,
+    Flag,
     KernelSpec,
     Role,
     at_least,
