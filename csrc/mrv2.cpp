@@ -630,6 +630,9 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
       t.push_back(all_t[j]);
     }
   if (rows.empty()) return;
+  // A later step reads the row before it (K14's log-ratio): row 0 has none.
+  if (rows.front() == 0)
+    fail(k, "expanded_local_pos_ptr", "must be 0 at row 0 when row 0 is read: a later step reads the row before it");
   need_at_least(k, "local_residual_mass_stride", out_stride, 0);
   need_cells(k, "local_residual_mass_ptr", out, rows, out_stride, nb, true);
   if (out.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'local_residual_mass_ptr' must be float32");

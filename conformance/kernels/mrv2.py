@@ -513,6 +513,9 @@ def _residual_preconditions(a: Mapping[str, Any]) -> None:
     if not rows:
         return
     rows_t = torch.tensor(rows, dtype=I64)
+    # A later step reads the row before it (K14's log-ratio): row 0 has none (a Python index of -1
+    # would read the last row; the engine's kernel reads before the buffer).
+    require(min(rows) >= 1, k, "expanded_local_pos_ptr", "must be 0 at row 0 when row 0 is read: a later step reads the row before it")
     at_least(k, "local_residual_mass_stride", a["local_residual_mass_stride"], 0)
     _need_cells(k, "local_residual_mass_ptr", a["local_residual_mass_ptr"], rows_t, a["local_residual_mass_stride"], nb, written=True)
     require_length(k, "cumulative_log_p_ptr", a["cumulative_log_p_ptr"], max(rows))
