@@ -207,6 +207,13 @@ def threads(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def compile(session: nox.Session) -> None:
+    """Every Triton kernel compiled for a GPU target (Hopper by default), no GPU needed: the type errors the interpreter never sees."""
+    install(session, "test")
+    session.run("python", "-m", "conformance", "compile", "--profile", PROFILE, *session.posargs, env={"TRITON_INTERPRET": "0"})
+
+
+@nox.session(python=PYTHON)
 def fuzz(session: nox.Session) -> None:
     """Malformed launches through every validating backend (5,000 under SPECDIFF_PROFILE=ci)."""
     install(session, "test")

@@ -46,7 +46,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = Path(__file__).with_name("mutants.toml")
-CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens")
+CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens", "compile")
 FUZZ_LAUNCHES = 600  # malformed cases per mutant kernel
 CHECK_TIMEOUT = 900  # seconds; a mutant that hangs a check is killed by the timeout
 
@@ -287,6 +287,15 @@ def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
             return Result(name, True, sec, _crash(rc))
         failed = [line for line in out.splitlines() if line.startswith("FAILED")]
         return Result(name, rc == 1, sec, failed[0] if failed else "")
+    if name == "compile":
+        if m.backend != "triton":
+            return Result(name, None)
+        report = reports / f"{m.id}.compile.json"
+        rc, out, sec = _run(s, ["-m", "conformance", "compile", "--profile", profile, *kernels, "--report", str(report)], CHECK_TIMEOUT)
+        if _crash(rc):
+            return Result(name, True, sec, _crash(rc))
+        msg = next((e["message"] for e in json.loads(report.read_text())["kernels"].values() if e.get("message")), "") if report.exists() else out
+        return Result(name, rc == 1, sec, (msg or "").strip().splitlines()[0] if (msg or "").strip() else "")
     raise ValueError(name)
 
 

@@ -1,0 +1,140 @@
+"""Compile every Triton kernel for a GPU target, on a machine without a GPU.
+
+The interpreter runs a kernel's Python on NumPy: it never type-checks what the compiler does (an
+int32 literal joined with an int64 load across an ``if``/``else``, a float64 value stored through
+a float32 pointer, a constexpr used as a runtime value). CI has no GPU, but Triton compiles for
+any target it has a backend for. ``python -m conformance compile`` draws the kernel's Hypothesis
+cases, binds each exactly as a launch would (Triton's own binder: pointer dtypes, integer widths,
+None arguments, constexpr values, the divisibility-by-16 attributes), and compiles every distinct
+specialization through to the target's binary (``cubin`` for CUDA). Any compile error fails the
+kernel, with the specialization that broke.
+
+This imports the Triton kernels compiled (it sets ``TRITON_INTERPRET=0`` whatever the environment
+says); run it as a command of its own, not in a process that already imported them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from conformance import kernels
+from conformance.arguments import kernel_name, output_file
+from conformance.profiles import PROFILES
+
+# Distinct specializations compiled per kernel and profile (each takes one to a few seconds).
+CASES = {"dev": 20, "ci": 60, "nightly": 400}
+DEFAULT_TARGET = "cuda:90"  # Hopper: the lent H100, and vLLM 0.33.0's main target
+
+
+def target_of(text: str) -> Any:
+    """``cuda:90`` / ``hip:gfx942``: Triton's GPUTarget (warp size 32 on CUDA, 64 on HIP)."""
+    from triton.backends.compiler import GPUTarget
+
+    backend, _, arch = text.partition(":")
+    if backend not in ("cuda", "hip") or not arch:
+        raise argparse.ArgumentTypeError(f"target {text!r} must be cuda:<sm, e.g. 90> or hip:<gfx arch>")
+    if backend == "cuda":
+        if not arch.isdigit():
+            raise argparse.ArgumentTypeError(f"target {text!r}: the CUDA architecture is a number such as 90")
+        return GPUTarget("cuda", int(arch), 32)
+    return GPUTarget("hip", arch, 64)
+
+
+def _jit(name: str) -> Any:
+    from triton.runtime.jit import JITFunction
+
+    from conformance.backends import BACKENDS
+
+    spec = kernels.get(name)
+    fn = BACKENDS["triton"].resolve(spec)
+    if not isinstance(fn, JITFunction):
+        raise RuntimeError(f"{name}: the triton backend's kernel is a {type(fn).__name__}, not a JITFunction "
+                           "(TRITON_INTERPRET must be 0 before triton_impl is imported)")
+    return fn
+
+
+def specialization(fn: Any, backend: Any, args: dict[str, Any]) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any], Any]:
+    """(signature, constexprs, attributes, options) of a launch with ``args``, as Triton's JIT
+    computes them when it compiles that launch (private API of Triton 3.x: checked by the tests)."""
+    from triton.runtime.jit import create_function_from_signature
+
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, spec, options = binder(**args)
+    options, signature, constexprs, attrs = fn._pack_args(backend, {}, bound, spec, options)
+    return signature, constexprs, attrs, options
+
+
+def compile_kernel(name: str, target: Any, cases: int) -> dict[str, Any]:
+    """Compiles ``name`` for ``target`` at every distinct specialization of ``cases`` drawn cases."""
+    import triton
+    from hypothesis import HealthCheck, given, settings
+    from triton.compiler import ASTSource, make_backend
+
+    from conformance.strategies import cases as strategy
+
+    fn = _jit(name)
+    backend = make_backend(target)
+    seen: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+    started = time.perf_counter()
+
+    @settings(max_examples=cases, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=strategy(name))
+    def draw(case: Any) -> None:
+        signature, constexprs, attrs, options = specialization(fn, backend, case.args)
+        key = json.dumps([signature, {str(k): repr(v) for k, v in constexprs.items()}, {str(k): repr(v) for k, v in attrs.items()}],
+                         sort_keys=True)
+        if key in seen:
+            return
+        seen[key] = {"signature": signature, "constexprs": {fn.arg_names[k[0]]: repr(v) for k, v in constexprs.items()}}
+        try:
+            triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        except Exception as e:  # CompilationError, or the backend's (ptxas) errors
+            first = str(e).strip().splitlines()
+            errors.append(f"{type(e).__name__} at {json.dumps(seen[key]['signature'])} "
+                          f"constexprs {seen[key]['constexprs']}:\n    " + "\n    ".join(first[-12:]))
+
+    draw()
+    return {"status": "fail" if errors else "pass", "specializations": len(seen), "seconds": round(time.perf_counter() - started, 1),
+            "message": "\n".join(errors) or None}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("compile", help="compile every Triton kernel for a GPU target (no GPU needed), every drawn specialization")
+    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
+    p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"cuda:<sm> or hip:<arch> (default {DEFAULT_TARGET})")
+    p.add_argument("--cases", type=int, help="cases drawn per kernel (default: dev 20, ci 60, nightly 400)")
+    p.add_argument("--report", default="reports/compile.json", type=output_file)
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(ns: argparse.Namespace) -> int:
+    if "triton_impl" in sys.modules:
+        print("specdiff compile: the Triton kernels were already imported in this process; run the command on its own")
+        return 2
+    os.environ["TRITON_INTERPRET"] = "0"  # before triton_impl decides it (without a GPU it would choose 1)
+    try:
+        target = target_of(ns.target)
+    except argparse.ArgumentTypeError as e:
+        print(f"specdiff compile: {e}")
+        return 2
+    names = ns.kernel or list(kernels.SPECS)
+    n = ns.cases or CASES[ns.profile]
+    print(f"specdiff compile: target {ns.target}, {n} cases per kernel", flush=True)
+    results = {}
+    for name in names:
+        r = results[name] = compile_kernel(name, target, n)
+        print(f"  {name}: {r['status']} {r['specializations']} specializations in {r['seconds']} s", flush=True)
+        if r["message"]:
+            print("    " + r["message"].replace("\n", "\n    "), flush=True)
+    with open(ns.report, "w") as f:
+        json.dump({"schema": 1, "target": ns.target, "profile": ns.profile, "kernels": results}, f, indent=2)
+    bad = [k for k, r in results.items() if r["status"] != "pass"]
+    print(f"FAILED to compile: {', '.join(bad)}" if bad else f"all {len(results)} kernels compiled for {ns.target}")
+    return 1 if bad else 0
