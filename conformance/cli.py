@@ -193,12 +193,23 @@ def _not_compared(name: str, b: str, runnable: list[str], skipped: dict[str, dic
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    from conformance import isolate
+
+    require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
+    if ns.isolate and isolate.child_dir() is None:  # a crashing backend is reported, not the end of the run
+        seed = [] if ns.seed is not None or settings.get_profile(ns.profile).derandomize else ["--seed", str(random.getrandbits(32))]
+        return isolate.supervise([*ns.argv, *seed], ns.report, ns.junit, require)  # every child draws the same cases
+    skip: set[str] = set()
+    if isolate.child_dir() is not None:
+        report_path, skip = isolate.start_child_recording()
+        ns.report, ns.junit = str(report_path), None
     settings.load_profile(ns.profile)
     profile = settings.get_profile(ns.profile)
     seed = ns.seed
     if seed is None and not profile.derandomize:
         seed = random.getrandbits(32)  # printed, so any failure can be replayed with --seed
     names, backends = _select(ns)
+    names = [n for n in names if n not in skip]
     asked = set(ns.backend or []) | ({b for b in backends if BACKENDS[b].engine} if ns.vllm else set())
     engine_run = any(BACKENDS[b].engine for b in backends)
     keep_going = ns.keep_going if ns.keep_going is not None else engine_run
@@ -214,7 +225,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
             print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}", flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
-    require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
     report: dict[str, Any] = {
         "schema": 1,
         "profile": ns.profile,
@@ -226,8 +236,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "coverage": states,
     }
     unseen: list[findings_mod.Expected] = []
+
+    def write_report() -> None:
+        path = Path(ns.report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+
     try:  # the report is written whatever happens: what was collected, and why the run stopped
         for name in names:
+            # Rewritten before every kernel: a process killed mid-kernel leaves what it had, and names the kernel.
+            report["running"] = name
+            write_report()
             runnable, skipped = _available(name, backends, asked)
             seen: Counter[str] = Counter()
             if len(runnable) > 1:
@@ -244,6 +263,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
                     break
             complete = len(runnable) > 1 and all(e["status"] == "pass" for e in per.values() if e["status"] != "skipped")
             states[name] = _states(name, seen, complete)
+        report.pop("running", None)
         print()
         print(_table(results, backends))
         print("\nstate classes reached (cases):")
@@ -261,10 +281,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         report["incomplete"] = f"the run stopped after {len(results)} of {len(names)} kernels: {type(err).__name__}: {err}"
         raise
     finally:
-        path = Path(ns.report)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nreport: {path}")
+        write_report()
+        if isolate.child_dir() is None:
+            print(f"\nreport: {ns.report}")
         if ns.junit:
             print(f"junit: {_junit(ns.junit, results, states, require)}")
     bad = [
@@ -318,7 +337,7 @@ def _junit(path: str, results: dict[str, dict[str, dict[str, Any]]], states: dic
     cases = []
     for kernel, per in results.items():
         for b, e in per.items():
-            failed = e["status"] == "not compared" or e["status"] in ("fail", "missing") and (e["status"] == "fail" or b in BUILT_IN)
+            failed = e["status"] in ("not compared", "crash") or e["status"] in ("fail", "missing") and (e["status"] == "fail" or b in BUILT_IN)
             cases.append(junit.TestCase(
                 f"conformance.{kernel}", b, float(e.get("seconds", 0.0)),
                 failure=e.get("message") or e["status"] if failed else None,
@@ -398,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--expected", type=input_file, help="the engine's known findings (default: conformance/engine/expected.toml)")
     run.add_argument("--require-coverage", action=argparse.BooleanOptionalAction, default=None,
                      help="fail when a required state class was never generated (default: on for the ci and nightly profiles)")
+    run.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                     help="run the suite in a child process, so that a backend that crashes it is reported as that backend's "
+                          "crash with its case saved, and the run goes on (default: on from the command line, off for cli.main([...]))")
     run.set_defaults(func=cmd_run, check=_check_run)
     replay = sub.add_parser("replay", help="re-run one saved case")
     replay.add_argument("path")
@@ -410,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     for tool in TOOLS:  # the harness's checks of itself: each module adds its own subcommand
         importlib.import_module(f"conformance.{tool}").add_parser(sub)
     ns = parser.parse_args(argv)
+    ns.argv = sys.argv[1:] if argv is None else argv
+    if getattr(ns, "isolate", False) is None:
+        ns.isolate = argv is None
     try:
         if hasattr(ns, "check"):  # what argparse cannot see argument by argument: a usage error all the same
             ns.check(ns)

@@ -246,7 +246,7 @@ def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
         if not report.exists():
             return Result(name, rc != 0, sec, out[-400:])
         data = json.loads(report.read_text())["kernels"]
-        hit = [k for k, per in data.items() if per.get(m.backend, {}).get("status") in ("fail", "error")]
+        hit = [k for k, per in data.items() if per.get(m.backend, {}).get("status") in ("fail", "error", "crash")]
         msg = next((per[m.backend]["message"] for k, per in data.items() if k in hit), "") or ""
         return Result(name, bool(hit), sec, msg.strip().splitlines()[0] if msg.strip() else "")
     if name == "threads":

@@ -131,8 +131,28 @@ class Outcome:
     error: str | None = None
 
 
+# The flight recorder (conformance/isolate.py): when set, every case is saved here before its first
+# launch, and the name of each backend written beside it (INFLIGHT.backend) before that backend
+# runs, so that a supervising process can name the backend and the case that killed this one.
+INFLIGHT: Path | None = None
+_recorded: list[Case] = []  # the case last saved to INFLIGHT (kept alive: compared by identity)
+
+
+def _record(case: Case, backend: str) -> None:
+    if INFLIGHT is None:
+        return
+    if not _recorded or _recorded[0] is not case:
+        try:
+            save_case(case, INFLIGHT)
+        except ValueError:  # a case no file can hold (a fake tensor): the backend is still named
+            INFLIGHT.unlink(missing_ok=True)
+        _recorded[:] = [case]
+    INFLIGHT.with_suffix(".backend").write_text(backend)
+
+
 def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
     spec = case.spec
+    _record(case, backend.name)
     kernel = backend.resolve(spec)
     args = _copy_args(case.args, backend.device())
     for p in spec.params:

@@ -4,8 +4,10 @@ and it names the kernel, the odd backend and the request; saved cases replay."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -246,3 +248,49 @@ def test_a_replay_on_one_backend_is_refused(tmp_path, capsys):
     path = save_case(_case(), tmp_path / "case.safetensors")
     assert cli.main(["replay", str(path), "--backend", "cpu"]) == 2
     assert "replay needs two backends to compare, got cpu" in capsys.readouterr().err
+
+
+# -- a backend that kills the process (conformance/isolate.py) --------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+CRASHY = '''
+import ctypes
+from conformance.backends import Backend, register_backend
+from conformance.kernels import SPECS
+
+
+def _resolve(spec):
+    if spec.name != "expand_kernel":
+        return None
+    from reference.rejection import expand_kernel
+
+    def launch(**args):
+        if int(args["cu_num_tokens_ptr"].numel()) >= 3:
+            ctypes.string_at(0)  # a segfault, as a planted out-of-bounds write would be
+        return expand_kernel(**args)
+
+    return launch
+
+
+register_backend(Backend("crashy", _resolve, lambda: "cpu", lambda: "native", gridless=True))
+'''
+
+
+def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_on(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(CRASHY)  # every child process registers it too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)]),
+           "SPECDIFF_FAILURES": str(tmp_path / "failures")}
+    report, junit_xml = tmp_path / "r.json", tmp_path / "r.xml"
+    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--profile", "dev", "--kernel", "expand_kernel",
+                           "--kernel", "rejection_greedy_sample_kernel", "--backend", "crashy", "--backend", "cpu",
+                           "--no-require-coverage", "--report", str(report), "--junit", str(junit_xml)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(report.read_text())
+    crash = data["kernels"]["expand_kernel"]["crashy"]
+    assert crash["status"] == "crash" and "SIGSEGV" in crash["message"], crash
+    assert data["kernels"]["rejection_greedy_sample_kernel"]["cpu"]["status"] == "pass"  # the run went on
+    saved = tmp_path / "failures" / "expand_kernel.crashy.crash.safetensors"
+    assert saved.exists() and str(saved) in crash["message"]
+    assert runner.load_case(saved).args["cu_num_tokens_ptr"].numel() >= 3  # the very case that crashed
+    assert "crash" in junit_xml.read_text()

@@ -1,0 +1,100 @@
+"""A backend that kills the process is reported as that backend's ``crash``, with its case saved.
+
+``python -m conformance run`` supervises itself: it runs the suite in a child process (the same
+command line) whose runner records, before every launch, the case (``runner.INFLIGHT``) and the
+backend about to run it, and which rewrites its report after every kernel. When the child dies of
+a signal (a segfault, an abort from a sanitizer, the OOM killer), the supervisor saves that case
+under the failures directory, reports the backend as ``crash`` on that kernel with the replay
+command, and starts a new child on the kernels not yet run. The final report and JUnit file merge
+every child's. ``--no-isolate`` runs in-process (as tests calling ``cli.main`` do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from conformance import runner
+from conformance.backends import ORACLE
+
+CHILD = "SPECDIFF_RUN_CHILD"  # the child's scratch directory: its report, flight recorder and skip list
+
+
+def child_dir() -> Path | None:
+    d = os.environ.get(CHILD)
+    return Path(d) if d else None
+
+
+def start_child_recording() -> tuple[Path, set[str]]:
+    """In the child: turns the flight recorder on; returns (where to write the report, kernels to skip)."""
+    import faulthandler
+
+    d = child_dir()
+    assert d is not None
+    faulthandler.enable()  # the Python stack of a crash, on stderr, above the supervisor's report
+    runner.INFLIGHT = d / "inflight.safetensors"
+    skip = set((d / "skip").read_text().split()) if (d / "skip").exists() else set()
+    return d / "report.json", skip
+
+
+def _signal_name(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def supervise(argv: list[str], report_path: str, junit_path: str | None, require: bool) -> int:
+    """Runs ``python -m conformance <argv>`` in children until every kernel ran or crashed."""
+    from conformance import cli
+
+    merged: dict[str, Any] = {}
+    kernels: dict[str, dict[str, Any]] = {}
+    coverage: dict[str, Any] = {}
+    crashed: list[str] = []
+    code = 0
+    with tempfile.TemporaryDirectory(prefix="specdiff-run-") as tmp:
+        d = Path(tmp)
+        while True:
+            for f in ("report.json", "inflight.safetensors", "inflight.backend"):
+                (d / f).unlink(missing_ok=True)
+            (d / "skip").write_text("\n".join([*kernels, *crashed]))
+            rc = subprocess.run([sys.executable, "-m", "conformance", *argv], env={**os.environ, CHILD: tmp}).returncode
+            part = json.loads((d / "report.json").read_text()) if (d / "report.json").exists() else {}
+            merged = part or merged  # the last child's machine, profile and seed
+            kernels.update(part.get("kernels", {}))
+            coverage.update(part.get("coverage", {}))
+            if rc >= 0:
+                code = code or rc
+                break
+            code = 1
+            backend = (d / "inflight.backend").read_text().strip() if (d / "inflight.backend").exists() else "?"
+            case = runner.load_case(d / "inflight.safetensors") if (d / "inflight.safetensors").exists() else None
+            kernel = case.kernel if case is not None else part.get("running", "?")
+            saved = runner.save_failure(case, runner.FAILURES_DIR / f"{kernel}.{backend}.crash.safetensors",
+                                        {"backends": [backend]}) if case is not None else None
+            pair = list(dict.fromkeys([ORACLE, backend]))  # replay compares two backends at least
+            replay = runner.replay_command(saved) + "".join(f" --backend {shlex.quote(b)}" for b in pair) if saved else runner.NOT_SAVED
+            message = f"{kernel}: backend '{backend}' killed the process ({_signal_name(rc)}) on a case\n  replay: {replay}"
+            print(f"\n  {kernel}: CRASH of {backend} ({_signal_name(rc)}); going on with the kernels not yet run\n  {message}\n", flush=True)
+            kernels[kernel] = {**kernels.get(kernel, {}), backend: {"status": "crash", "examples": 0, "failures": 1, "message": message}}
+            crashed.append(kernel)
+            if kernel == "?":
+                break  # nothing to skip: a second child would crash the same way
+    merged["kernels"], merged["coverage"] = kernels, coverage
+    if crashed:
+        merged["crashed"] = crashed
+    path = Path(report_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=2) + "\n")
+    print(f"\nreport (every child merged): {path}")
+    if junit_path:
+        print(f"junit: {cli._junit(junit_path, kernels, coverage, require)}")
+    return code
