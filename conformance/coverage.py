@@ -121,6 +121,49 @@ def _zero_draft_requests(kernel: str, a: Args, out: Outputs) -> int:
     return int((counts(cu) == 0).sum()) if cu.numel() else 0
 
 
+def _cap_counts(a: Args) -> torch.Tensor:
+    return counts(a["cu_num_tokens_ptr"]) if a["cu_num_tokens_ptr"].numel() else torch.zeros(0, dtype=torch.int64)
+
+
+def _at_cap(kernel: str, a: Args, out: Outputs) -> int:
+    return int((_cap_counts(a) == a["MAX_NUM_TOKENS"]).sum())
+
+
+def _below_cap(kernel: str, a: Args, out: Outputs) -> int:
+    return int((_cap_counts(a) == a["MAX_NUM_TOKENS"] - 1).sum()) if a["MAX_NUM_TOKENS"] > 1 else 0
+
+
+def _no_draft_tests(a: Args) -> list[tuple[float, float]]:
+    """(p, u) of every draft a NO_DRAFT_PROBS, non-synthetic K2 launch tests, in order, up to each
+    row's first rejection (p >= u accepts)."""
+    if not a["NO_DRAFT_PROBS"] or a["SYNTHETIC_MODE"]:
+        return []
+    tests = []
+    v, tp, u = a["vocab_size"], a["target_probs_ptr"], a["uniform_probs_ptr"]
+    g, draft = a["is_greedy_ptr"], a["draft_token_ids_ptr"]
+    start = 0
+    for r, n in enumerate(counts(a["cu_num_draft_tokens_ptr"]).tolist()):
+        if not bool(g[r]):
+            for i in range(start, start + n):
+                d = int(draft[i])
+                if not 0 <= d < v:
+                    break
+                p, x = float(tp[i, d]), float(u[i])
+                tests.append((p, x))
+                if not p >= x:
+                    break
+        start += n
+    return tests
+
+
+def _no_draft_on_p(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for p, x in _no_draft_tests(a) if p == x and p > 0)
+
+
+def _no_draft_zero(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for p, x in _no_draft_tests(a) if p == x == 0)
+
+
 def _capped(kernel: str, a: Args, out: Outputs) -> int:
     return int((counts(a["cu_num_tokens_ptr"]) > a["MAX_NUM_TOKENS"]).sum()) if a["cu_num_tokens_ptr"].numel() else 0
 
@@ -192,6 +235,10 @@ CLASSES: tuple[StateClass, ...] = (
     StateClass("placeholder drafts", (K1, K2, K4), _placeholder_drafts, "-1 draft tokens (C10, C16)"),
     StateClass("padding rows", (K5, K10), _padding_rows, "CUDA-graph padding rows (K5) or the padded tail of the slot mapping (K10)"),
     StateClass("capped at MAX_NUM_TOKENS", (K3,), _capped, "a request with more tokens than MAX_NUM_TOKENS (C18)"),
+    StateClass("exactly MAX_NUM_TOKENS", (K3,), _at_cap, "a request of MAX_NUM_TOKENS tokens: all written, none cut"),
+    StateClass("one below MAX_NUM_TOKENS", (K3,), _below_cap, "a request of MAX_NUM_TOKENS - 1 tokens (MAX_NUM_TOKENS > 1)"),
+    StateClass("u == p without draft probabilities", (K2,), _no_draft_on_p, "NO_DRAFT_PROBS: a draft tested with u exactly p > 0 (accepted: non-strict)"),
+    StateClass("u == p == 0 without draft probabilities", (K2,), _no_draft_zero, "NO_DRAFT_PROBS: a zero-probability draft tested with u = 0 (accepted)"),
     StateClass("discarded requests", (K7,), _discarded, "a discarded request gets the backup token (C20)"),
     StateClass("placeholder drafts", (K7,), _placeholder_samples, "-1 (rejected) sampled tokens (C20)"),
     StateClass("all accepted", (mrv2.K16,), _mrv2_all_accepted, "a request with drafts accepts them all"),

@@ -119,6 +119,17 @@ def test_random_g2_3_boundaries(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_random_g2_3_no_draft_probs_boundaries(backend):
+    # Without draft probabilities the ratio is p itself (q = 1): u == p accepts (non-strict), and so
+    # does u == p == 0, a zero-probability draft accepted at the one uniform that equals it.
+    assert _one(backend, 2, 0.375, 0.0, 0.375, no_draft=True) == [[2, 7]]
+    assert _one(backend, 2, 0.375, 0.0, float(torch.nextafter(torch.tensor(0.375, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))),
+                no_draft=True) == [[3, -1]]
+    assert _one(backend, 2, 0.0, 0.0, 0.0, no_draft=True) == [[2, 7]]
+    assert _one(backend, 2, 0.0, 0.0, 2**-1074, no_draft=True) == [[3, -1]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_random_g2_4_synthetic(backend):
     tp = torch.zeros(3, 8)
     common = dict(cu=i32([3]), dp=None, tp=tp, bonus=i32([[7]]), rec=i32([1, 2, 3]), is_greedy=NO, s=3, rates=f32([0.5, 1.0, 1.0]))
@@ -136,6 +147,13 @@ def test_expand_goldens(backend):
     assert got == f32([0.7, 0.7, 1.0, 1.5, 1.5]).tolist()
     assert expand(backend, torch.zeros(3, dtype=torch.int32), i32([5, 0, 100]), i32([1, 1, 3]), 0, 0) == [5, 100, 100]
     assert expand(backend, torch.full((6,), -5, dtype=torch.int32), i32([3]), i32([6]), 0, 0, m=4) == [3, 3, 3, 3, -5, -5]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expand_lengths_around_the_cap(backend):
+    # Requests of MAX_NUM_TOKENS - 1, MAX_NUM_TOKENS and MAX_NUM_TOKENS + 1 tokens: only the last is cut.
+    out = expand(backend, torch.full((12,), -5, dtype=torch.int32), i32([1, 2, 3]), i32([3, 7, 12]), 0, 0, m=4)
+    assert out == [1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, -5]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

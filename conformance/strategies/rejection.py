@@ -199,6 +199,19 @@ def _random_cases(draw: st.DrawFn) -> Case:
         q = torch.ones_like(p) if draft_probs is None else draft_probs[torch.arange(t), col]
         boundary = (p / q).to(torch.float64)
     u = draw(_uniforms(g, t, boundary))
+    if no_draft_probs and not synthetic:
+        # Aim at the first test of the random rows, which always runs: u == p, and u == p == 0 (a
+        # draft of probability 0, accepted by the non-strict test).
+        starts = torch.cumsum(torch.tensor([0, *bt.n[:-1]], dtype=torch.int64), 0).tolist() if bt.n else []
+        firsts = [s for s, n, greedy in zip(starts, bt.n, bt.greedy) if n and not greedy and 0 <= int(bt.draft[s]) < v]
+        corners = draw(st.permutations(["u == p", "u == p == 0"]))  # one per random row, as far as they go
+        for i, how in zip(firsts, corners):
+            d = int(bt.draft[i])
+            if how == "u == p == 0":
+                target[i, d] = 0.0
+            elif not 0.0 < float(target[i, d]) < 1.0:  # nothing to sit on in [0, 1) (uniforms' range)
+                target[i, d] = 0.375  # the kernel reads the one cell; a row need not sum to 1
+            u[i] = float(target[i, d])
     if synthetic:
         event("synthetic")
     args = dict(
