@@ -270,6 +270,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
         for name, st in states.items():
             line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
             print(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
+        relied = {k: {h: n for h, n in st.get("hazards", {}).items() if n} for k, st in states.items()}
+        if any(relied.values()):
+            print("\nhazards: cases decided by a rule the contract keeps because vLLM 0.33.0 behaves so (coverage.HAZARDS):")
+            for name, hz in relied.items():
+                if hz:
+                    print(f"  {name}: " + ", ".join(f"{h} {n}" for h, n in hz.items()))
         if found is not None:
             found.save({"backends": backends})
             listed = findings_mod.expected(ns.expected) if engine_run else []
@@ -323,10 +329,12 @@ def _states(name: str, seen: Counter[str], complete: bool) -> dict[str, Any]:
     (judged only when every backend passed, so that a failure's cut-short run is not blamed)."""
     from conformance import coverage
 
-    classes = dict.fromkeys(c.name for c in coverage.classes_for(name))
+    classes = dict.fromkeys(c.name for c in coverage.classes_for(name) if not c.hazard)
+    hazards = dict.fromkeys(c.name for c in coverage.classes_for(name) if c.hazard)
     errors = [c for c in seen if c.startswith("classifier error")]
     return {
         "cases": {c: seen[c] for c in classes},
+        "hazards": {c: seen[c] for c in hazards},  # cases where a hazardous rule of the engine decided (coverage.HAZARDS)
         "missing": (coverage.missing(name, seen) if complete else []) + errors,
     }
 

@@ -42,6 +42,9 @@ class StateClass:
     count: Callable[[str, Args, Outputs], int]
     doc: str = ""
     required: bool = True  # the ci and nightly profiles fail when no case reached it
+    # A contract rule that follows vLLM 0.33.0 into a hazard: never required, never a failure, but
+    # counted and listed apart ("hazards" in the report), so a maintainer sees how often it decides.
+    hazard: bool = False
 
 
 # -- the rejection rows (K1, K2) --------------------------------------------------------------------
@@ -254,6 +257,48 @@ CLASSES: tuple[StateClass, ...] = (
     StateClass("one-hot residual", (mrv2.K17,), lambda k, a, o: _resampled(k, a, "one-hot"),
                "the target without the rejected draft"),
 )
+
+# -- hazards: rules the contract keeps because the engine behaves so ---------------------------------
+def _slots_past_row(kernel: str, a: Args, out: Outputs) -> int:
+    """K10 local tokens whose virtual block index runs past their block-table row into the next (C22)."""
+    from conformance.kernels.slot_mapping import _tokens, local_slots
+
+    table = a["block_table_ptr"]
+    _, tokens = _tokens(a)
+    if not tokens.numel() or table.dim() != 2:
+        return 0
+    vbi, _, local = local_slots(a, a["positions_ptr"][tokens].to(torch.int64))
+    return int(((vbi >= table.shape[1]) & local).sum())
+
+
+def _residual_without_winner(kernel: str, a: Args, out: Outputs) -> int:
+    """K4 drafts whose residual has no positive, non-NaN score: the recovered token is index 0 (C16)."""
+    t = a["draft_token_ids_ptr"].numel()
+    if not t:
+        return 0
+    v = a["vocab_size"]
+    p = a["target_probs_ptr"].reshape(-1)[: t * v].reshape(t, v)
+    score = p if a["NO_DRAFT_PROBS"] else p - a["draft_probs_ptr"].reshape(-1)[: t * v].reshape(t, v)
+    return int((~(score > 0).any(dim=1)).sum())
+
+
+def _earlier_request_position(kernel: str, a: Args, out: Outputs) -> int:
+    """K9 requests whose last context position is read from an earlier request's tokens (C23)."""
+    qsl = a["query_start_loc_ptr"].to(torch.int64).tolist()
+    b = len(qsl) - 1
+    rej = a["num_rejected_tokens_ptr"].to(torch.int64).tolist() if a["HAS_NUM_REJECTED"] else [0] * b
+    return sum(1 for r in range(b) if qsl[r + 1] - rej[r] - 1 < qsl[r])
+
+
+HAZARDS: tuple[StateClass, ...] = (
+    StateClass("slot read from the next block-table row", (K10,), _slots_past_row,
+               "a local token's virtual block index is past its row: vLLM reads the next request's row (C22)", required=False, hazard=True),
+    StateClass("residual with no winner: token 0", (K4,), _residual_without_winner,
+               "every residual score is <= 0 or NaN: vLLM's argmax returns index 0, a token nobody proposed (C16)", required=False, hazard=True),
+    StateClass("last position read from an earlier request", ("copy_and_expand_dflash_inputs_kernel",), _earlier_request_position,
+               "more rejected tokens than the request has: vLLM reads an earlier request's position (C23)", required=False, hazard=True),
+)
+CLASSES = CLASSES + HAZARDS
 
 # Hypothesis target() per kernel: (label, function); maximised during generation.
 TARGETS: dict[str, tuple[str, Callable[[str, Args, Outputs], int]]] = {
