@@ -279,7 +279,8 @@ def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
         return Result(name, rc != 0, sec, fails[0] if rc != 0 and fails else "")
     if name == "goldens":
         families = sorted({_family(k) for k in m.kernels})
-        files = [f"tests/test_{f}.py" for f in families if (s.dir / f"tests/test_{f}.py").exists()]
+        # The family's goldens, and the large-shape tier (offsets past 2**31, every family).
+        files = [f"tests/test_{f}.py" for f in [*families, "large"] if (s.dir / f"tests/test_{f}.py").exists()]
         if not files:
             return Result(name, None)
         rc, out, sec = _run(s, ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files, "-k", m.backend], CHECK_TIMEOUT)
