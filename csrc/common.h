@@ -157,7 +157,25 @@ inline float to_float(BFloat16 x) {
   std::memcpy(&f, &w, sizeof f);
   return f;
 }
-inline float to_float(_Float16 x) { return static_cast<float>(x); }
+// IEEE binary16 by its bits (compilers without a _Float16 on x86, clang 14's among them, build this
+// too). Its exponent and fraction, moved into float32's fields, read as 2^-112 times the value, so
+// one exact multiplication rebiases normal and subnormal halves alike; infinities and NaNs (payload
+// kept) are set directly.
+struct Float16 {
+  std::uint16_t bits;
+};
+inline float to_float(Float16 x) {
+  const std::uint32_t magnitude = x.bits & 0x7fffu, sign = static_cast<std::uint32_t>(x.bits & 0x8000u) << 16;
+  std::uint32_t w = magnitude << 13;
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  f *= 0x1p112f;
+  std::memcpy(&w, &f, sizeof w);
+  if (magnitude >= 0x7c00u) w = 0x7f800000u | (magnitude & 0x3ffu) << 13;
+  w |= sign;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
 
 // Calls f(T{}) with T the C++ type of a logits buffer's dtype (float32, bfloat16, float16).
 template <class F>
@@ -165,7 +183,7 @@ inline void with_logits(const char* kernel, const char* name, int dtype, F&& f) 
   switch (dtype) {
     case kFloat32: f(float{}); return;
     case kBFloat16: f(BFloat16{}); return;
-    case kFloat16: f(_Float16{}); return;
+    case kFloat16: f(Float16{}); return;
     default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be float32, bfloat16 or float16");
   }
 }

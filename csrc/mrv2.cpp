@@ -262,7 +262,7 @@ constexpr int kNotFinite = 1, kInfScaled = 2;
   }
 SPECDIFF_LOAD_LOGITS(float)
 SPECDIFF_LOAD_LOGITS(BFloat16)
-SPECDIFF_LOAD_LOGITS(_Float16)
+SPECDIFF_LOAD_LOGITS(Float16)
 #undef SPECDIFF_LOAD_LOGITS
 
 // After a fused pass whose tiles reported `bad` (load_logits's bits): the checks again, in the

@@ -843,3 +843,26 @@ def test_wide_vocabulary_kernels_match_the_oracle(monkeypatch, draft_dtype, spre
     compositions.mrv2_rejection_sample(**batch, backend="reference")
     assert "_resample_kernel" in checked and "_compute_local_logits_stats_kernel" in checked
     assert ("_compute_local_residual_mass_kernel" in checked) == (mode == "block")
+
+
+@cpu_and_reference
+def test_every_float16_draft_logit_reads_exactly(backend):
+    # Every float16 bit pattern the contract accepts (all but NaN and +inf), one per tile of one
+    # column: each tile's maximum is the logit as float32, which the port converts by its bits.
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(torch.float16)
+    values = values[~torch.isnan(values) & (values != INF)]
+    v = values.numel()
+    out = {n: torch.full((2, v), float("nan")) for n in ("target_local_max", "target_local_sumexp", "draft_local_max", "draft_local_sumexp")}
+    a: dict[str, Any] = {"target_local_argmax_ptr": torch.full((2, v), POISON, dtype=I64), "target_local_argmax_stride": v}
+    for n, t in out.items():
+        a[f"{n}_ptr"], a[f"{n}_stride"] = t, v
+    a.update(target_logits_ptr=torch.zeros(2, v), target_logits_stride=v, draft_logits_ptr=values.reshape(1, 1, v),
+             draft_logits_stride_0=v, draft_logits_stride_1=v, expanded_idx_mapping_ptr=i64([0, 0]),
+             expanded_local_pos_ptr=i32([0, 1]), temp_ptr=f32([1.0]), vocab_size=v, num_logits=2, BLOCK_SIZE=1,
+             HAS_DRAFT_LOGITS=True)
+    launch(backend, contracts.LOGITS_STATS, a)
+    want = values.float()
+    want[want == 0] = 0.0  # -0.0 reads as +0.0 (C30)
+    got = a["draft_local_max_ptr"][0]
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
