@@ -302,22 +302,18 @@ typedef double D8 __attribute__((vector_size(64), aligned(8), may_alias));
 template <class S, class VS>
 [[gnu::always_inline]] inline S max_lane(const VS& vector) {
   constexpr int L = 64 / sizeof(S);
-  using I = std::conditional_t<sizeof(S) == 4, std::int32_t, std::int64_t>;
-  typedef I VI __attribute__((vector_size(64)));
   VS v = vector;
-  const auto fold = [&v](const VI& swap) __attribute__((always_inline)) {
-    const VS h = __builtin_shuffle(v, swap);
-    v = h > v ? h : v;
-  };
+  // __builtin_shufflevector: constant lane indices, in GCC (12 and later) and clang alike.
+  const auto fold = [&v](const VS& swapped) __attribute__((always_inline)) { v = swapped > v ? swapped : v; };
   if constexpr (L == 16) {
-    fold(VI{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    fold(VI{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-    fold(VI{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-    fold(VI{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    fold(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    fold(__builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    fold(__builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    fold(__builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
   } else {
-    fold(VI{4, 5, 6, 7, 0, 1, 2, 3});
-    fold(VI{2, 3, 0, 1, 6, 7, 4, 5});
-    fold(VI{1, 0, 3, 2, 5, 4, 7, 6});
+    fold(__builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
+    fold(__builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
+    fold(__builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6));
   }
   return v[0];
 }
