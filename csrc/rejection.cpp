@@ -89,7 +89,7 @@ void rejection_greedy_sample(Buffer out, Buffer cu, Buffer draft, Buffer argmax,
             const Cumulative<C> c{cu.as<C>()};
             const std::int64_t row_stride = max_spec_len + 1;  // from the argument (C2)
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (b >= kParallelSmallRows) schedule(static)
+#pragma omp parallel for if (parallel_if(b >= kParallelSmallRows)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               if (!processes(g, r, true)) continue;
               const std::int64_t s = c.start(r), n = c.count(r);
@@ -168,7 +168,7 @@ void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
             const float* rate = synthetic ? rates.as<float>() : nullptr;
             const std::int64_t row_stride = max_spec_len + 1;
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (b >= kParallelGatherRows) schedule(static)
+#pragma omp parallel for if (parallel_if(b >= kParallelGatherRows)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               if (g[r]) continue;
               const std::int64_t s = c.start(r), n = c.count(r);
@@ -229,7 +229,7 @@ void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std:
       const V from = static_cast<V>(replace_from), to = static_cast<V>(replace_to);
       const Cumulative<C> c{cu.as<C>()};
       py::gil_scoped_release nogil;
-#pragma omp parallel for if (b >= kParallelSmallRows) schedule(static)
+#pragma omp parallel for if (parallel_if(b >= kParallelSmallRows)) schedule(static)
       for (std::int64_t r = 0; r < b; ++r) {
         const V v = x[r] == from ? to : x[r];
         const std::int64_t s = c.start(r), n = std::min(c.count(r), max_num_tokens);
@@ -525,7 +525,7 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
           const std::int64_t chunks = (vocab_size + width - 1) / width;
           std::vector<Best> best(t * chunks);
           py::gil_scoped_release nogil;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_if(parallel))
           for (std::int64_t w = 0; w < b * chunks; ++w) {
             const std::int64_t r = w / chunks, k = w % chunks;
             const std::int64_t s = c.start(r), n = c.count(r);
@@ -537,7 +537,7 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
             else
               scan_rows<S, false>(p, q, iq + r * vocab_size, dr, s, n, vocab_size, lo, hi, best.data(), chunks, k);
           }
-#pragma omp parallel for schedule(static) if (t >= kParallelSmallRows)
+#pragma omp parallel for schedule(static) if (parallel_if(t >= kParallelSmallRows))
           for (std::int64_t tok = 0; tok < t; ++tok) {
             // Strictly larger replaces: ties across chunks go to the earlier one; all -inf gives 0.
             Best acc{-std::numeric_limits<double>::infinity(), 0};

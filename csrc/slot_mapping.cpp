@@ -89,7 +89,7 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
         py::gil_scoped_release nogil;
         // The tail is padded on every launch, so a smaller batch overwrites stale slots (C22).
         if (max_num_tokens > num_tokens) std::fill(slots + num_tokens, slots + max_num_tokens, static_cast<O>(pad_id));
-#pragma omp parallel for if (last - first >= kParallelTokens) schedule(static)
+#pragma omp parallel for if (parallel_if(last - first >= kParallelTokens)) schedule(static)
         for (std::int64_t t = first; t < last; ++t) {
           const Split s = split(position[t], kbs, world, rank, interleave);
           // The table is read only for this rank's tokens; the others get PAD_ID.
