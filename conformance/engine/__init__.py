@@ -147,10 +147,21 @@ def _interpreted_log1p(spec: KernelSpec, a: Any) -> bool:
     return _triton_mode() == "interpreted" and bool(a["HAS_DRAFT_LOGITS"]) and any(q.residual for q in mrv2.resamples(a))
 
 
+def _interpreted_nan_probs(spec: KernelSpec, a: Any) -> bool:
+    t = a["draft_token_ids_ptr"].numel()
+    probs = [x.reshape(-1)[: t * a["vocab_size"]] for x in (a["target_probs_ptr"], a["draft_probs_ptr"]) if isinstance(x, torch.Tensor)]
+    return _triton_mode() == "interpreted" and any(bool(torch.isnan(x).any()) for x in probs)
+
+
 TRITON_CAPABILITIES = (
     Capability(
         "integer dtypes off the call site", None, lambda spec, a: _off_call_site_ints(spec, a),
         "0.33.0's rejection kernels give one variable int32 and int64 types in two branches; compiled Triton refuses that",
+    ),
+    Capability(
+        "an all-NaN tile, interpreted", ("sample_recovered_tokens_kernel",), _interpreted_nan_probs,
+        "0.33.0's tl.max(score, return_indices=True) over a tile of NaN scores: the interpreter's numpy.nanargmax raises "
+        "'All-NaN slice encountered' (compiled, the tile's index comes back)",
     ),
     Capability(
         "libdevice log1p, interpreted", ("_resample_kernel",), _interpreted_log1p,
