@@ -168,7 +168,7 @@ def _no_draft_zero(kernel: str, a: Args, out: Outputs) -> int:
 
 
 def _capped(kernel: str, a: Args, out: Outputs) -> int:
-    return int((counts(a["cu_num_tokens_ptr"]) > a["MAX_NUM_TOKENS"]).sum()) if a["cu_num_tokens_ptr"].numel() else 0
+    return int((_cap_counts(a) > a["MAX_NUM_TOKENS"]).sum())
 
 
 def _padding_rows(kernel: str, a: Args, out: Outputs) -> int:

@@ -44,7 +44,7 @@ from conformance.arguments import kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import KernelSpec, Kind, Role
 from conformance.profiles import PROFILES
-from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run_case, save_case
+from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run_case, save_in_flight
 
 # Malformed launches per profile, over all kernels (each launched on every validating backend).
 BUDGET = {"dev": 1000, "ci": 5000, "nightly": 50000}
@@ -513,15 +513,6 @@ def launch(backend: str, spec: KernelSpec, case: Case, args: dict[str, Any]) -> 
         kernel(**args)
 
 
-def _save(case: Case, path: Path) -> None:
-    """Saves a case for replay, unless it holds a tensor no file can (a fake or sparse tensor): its
-    note says how to rebuild it."""
-    if any(isinstance(v, torch.Tensor) and _unguardable(v) for v in case.args.values()):
-        path.unlink(missing_ok=True)
-        return
-    save_case(case, path)
-
-
 def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Path | None = None) -> bool:
     """Checks one malformed case; returns True when the contract rejected it (a malformed launch),
     False when it turned out valid (then the backends must agree). Raises BadInputFailure."""
@@ -544,7 +535,7 @@ def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Pat
     for b in backends:
         gd = guarded(m.case.args, guard, seed=len(b))
         if inflight is not None and b != ORACLE:
-            _save(m.case, inflight)  # a crash leaves the case that caused it behind
+            save_in_flight(m.case, inflight)  # a crash leaves the case that caused it behind
         try:
             launch(b, spec, m.case, gd.args)
         except (TypeError, ValueError) as e:
@@ -634,7 +625,7 @@ def check_kernel(kernel: str, quota: int, guard: int | None = None, save_dir: Pa
             try:
                 rejected = check_malformed(m, backends, guard, inflight)
             except (BadInputFailure, Hung):
-                _save(m.case, (save_dir or FAILURES_DIR) / f"{kernel}.fuzz.safetensors")
+                save_in_flight(m.case, (save_dir or FAILURES_DIR) / f"{kernel}.fuzz.safetensors")
                 raise
             finally:
                 signal.alarm(0)

@@ -256,8 +256,7 @@ def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
         rc, out, sec = _run(s, ["-m", "conformance", "threads", "--profile", profile, *kernels, "--report", str(report)], CHECK_TIMEOUT)
         if _crash(rc):
             return Result(name, True, sec, _crash(rc))
-        msg = next((e["message"] for e in json.loads(report.read_text())["kernels"].values() if e.get("message")), "") if report.exists() else out
-        return Result(name, rc != 0, sec, (msg or "").strip().splitlines()[0] if (msg or "").strip() else "")
+        return Result(name, rc != 0, sec, _first_message(report, out))
     if name == "fuzz":
         from conformance.backends import BACKENDS
 
@@ -304,9 +303,14 @@ def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
         rc, out, sec = _run(s, ["-m", "conformance", "compile", "--profile", profile, *kernels, "--report", str(report)], CHECK_TIMEOUT)
         if _crash(rc):
             return Result(name, True, sec, _crash(rc))
-        msg = next((e["message"] for e in json.loads(report.read_text())["kernels"].values() if e.get("message")), "") if report.exists() else out
-        return Result(name, rc == 1, sec, (msg or "").strip().splitlines()[0] if (msg or "").strip() else "")
+        return Result(name, rc == 1, sec, _first_message(report, out))
     raise ValueError(name)
+
+
+def _first_message(report: Path, out: str) -> str:
+    """The first line of the first kernel's message in a tool's JSON report (its output, without one)."""
+    msg = next((e["message"] for e in json.loads(report.read_text())["kernels"].values() if e.get("message")), "") if report.exists() else out
+    return (msg or "").strip().splitlines()[0] if (msg or "").strip() else ""
 
 
 def _family(kernel: str) -> str:

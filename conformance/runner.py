@@ -142,10 +142,7 @@ def _record(case: Case, backend: str) -> None:
     if INFLIGHT is None:
         return
     if not _recorded or _recorded[0] is not case:
-        try:
-            save_case(case, INFLIGHT)
-        except ValueError:  # a case no file can hold (a fake tensor): the backend is still named
-            INFLIGHT.unlink(missing_ok=True)
+        save_in_flight(case, INFLIGHT)  # a case no file can hold still gets its backend named
         _recorded[:] = [case]
     INFLIGHT.with_suffix(".backend").write_text(backend)
 
@@ -455,6 +452,15 @@ def save_case(case: Case, path: Path | None = None, meta: dict[str, Any] | None 
     tmp.write_bytes(data)
     os.replace(tmp, path)  # a crash mid-write (the fuzz's in-flight case) never leaves half a file
     return path
+
+
+def save_in_flight(case: Case, path: Path) -> None:
+    """Saves the case about to run, for a crash to leave behind; one no file can hold (a fake or sparse
+    tensor) leaves no file, rather than a stale one."""
+    try:
+        save_case(case, path)
+    except ValueError:
+        path.unlink(missing_ok=True)
 
 
 def load_case(path: str | os.PathLike[str]) -> Case:
