@@ -401,7 +401,7 @@ def save_case(case: Case, path: Path | None = None, meta: dict[str, Any] | None 
     if "vllm" not in meta and os.environ.get("SPECDIFF_VLLM"):
         meta["vllm"] = os.environ["SPECDIFF_VLLM"]
     blobs: dict[str, torch.Tensor] = {}
-    keys: dict[tuple[str, int], str] = {}  # (device, data pointer) of a storage -> its key
+    keys: dict[tuple[str, int, int], str] = {}  # (device, data pointer, bytes) of a storage -> its key
 
     def view(t: torch.Tensor, name: str) -> dict[str, Any]:
         if type(t) is not torch.Tensor or t.layout != torch.strided:
@@ -411,8 +411,9 @@ def save_case(case: Case, path: Path | None = None, meta: dict[str, Any] | None 
         key = None
         if t.device.type != "meta":  # a meta tensor has no bytes: its storage is null
             s = t.untyped_storage()
-            where = (str(t.device), s.data_ptr())
-            key = keys.get(where) if s.nbytes() else None  # empty storages share a null pointer, not memory
+            # With its size: an empty storage may sit at the address of a live one and share nothing.
+            where = (str(t.device), s.data_ptr(), s.nbytes())
+            key = keys.get(where)
             if key is None:
                 key = keys[where] = f"s{len(blobs)}"
                 blobs[key] = torch.empty(0, dtype=torch.uint8, device=t.device).set_(s).cpu().clone()

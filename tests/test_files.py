@@ -183,3 +183,14 @@ def test_garbled_metadata_and_unknown_kernels(tmp_path):
         load_case(path)
     with pytest.raises(KeyError, match="unknown kernel 'nope'; known: "):
         load_case(_rewrite(_saved(tmp_path), _set(("kernel",), "nope")))
+
+
+def test_an_empty_storage_at_a_live_tensors_address_shares_nothing(tmp_path):
+    # Two storages at one address, one empty (a crashing run's saved case had exactly this): keyed by
+    # address alone, the live tensor came back as a view of the empty one's zero bytes.
+    a = np.arange(3, dtype=np.float32)
+    empty, full = torch.from_numpy(a[:0]), torch.from_numpy(a)
+    assert empty.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
+    path = save_case(Case(KERNEL, {"empty": empty, "full": full}), tmp_path / "c.safetensors")
+    got = load_case(path).args
+    assert got["full"].tolist() == [0.0, 1.0, 2.0] and got["empty"].numel() == 0
