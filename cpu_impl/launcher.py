@@ -36,6 +36,19 @@ def cpp_entry_name(spec: KernelSpec) -> tuple[str, str]:
     return spec.family, spec.name.removesuffix("_kernel")
 
 
+def vocab_columns(spec: KernelSpec, *names: str) -> Callable[[Args], None]:
+    """[rows, V] tensors have V = vocab_size columns: the C++ side sees element counts, not shapes."""
+
+    def check(a: Args) -> None:
+        v = a["vocab_size"]
+        for name in names:
+            t = a[name]
+            if t is not None and t.shape[-1] != v:
+                raise ValueError(f"{spec.name}: '{name}' must have shape [rows, vocab_size={v}], got {tuple(t.shape)}")
+
+    return check
+
+
 class CpuKernel:
     """A drop-in for ``kernel[grid](...)`` and ``kernel(...)`` (spec §1.9, §1.11, C28).
 

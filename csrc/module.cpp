@@ -9,6 +9,7 @@ void register_eagle(py::module_& m);
 void register_dflash(py::module_& m);
 void register_slot_mapping(py::module_& m);
 void register_mrv2(py::module_& m);
+void register_fly(py::module_& m);
 void register_gumbel(py::module_& m);
 void register_roofline(py::module_& m);
 void register_launcher(py::module_& m);
@@ -26,6 +27,8 @@ PYBIND11_MODULE(_C, m) {
   specdiff::register_slot_mapping(slot_mapping);
   auto mrv2 = m.def_submodule("mrv2", "Model Runner V2's rejection sampler");
   specdiff::register_mrv2(mrv2);
+  auto fly = m.def_submodule("fly", "the FLy pre-pass of V1's rejection sampler");
+  specdiff::register_fly(fly);
   auto gumbel = m.def_submodule("gumbel", "MRV2's random streams and numerics, as probes (not kernels)");
   specdiff::register_gumbel(gumbel);
   auto roofline = m.def_submodule("roofline", "the benchmarks' read roofline (not a kernel)");

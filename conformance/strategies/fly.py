@@ -1,0 +1,137 @@
+"""Batches of the FLy pre-pass: the rejection sampler's batches, with entropies at and around the
+threshold, windows that fit and do not fit, drafts outside the vocabulary, and acceptance runs
+planted so that deferrals happen."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+
+from conformance.runner import Case
+from conformance.strategies import cases_for, generator
+from conformance.strategies.rejection import ROW_KINDS, Batch, _kinds, _uniforms, batches, prob_rows
+
+# The config's default 0.3, its bounds, a value float32 rounds (0.1), a negative one and infinity
+# (FLy off, except for an infinite entropy); then any float32 in [0, 4].
+THRESHOLDS = st.one_of(st.sampled_from([0.3, 0.0, 0.1, 1.0, -1.0, float("inf")]), st.floats(0.0, 4.0, width=32))
+# vLLM's default is min(6, K - 1); 0 examines no window; a window as long as the row never fits.
+WINDOWS = st.sampled_from([1, 2, 0, 3, 6, 1000])
+
+
+@st.composite
+def _entropy(draw: st.DrawFn, g: torch.Generator, t: int, threshold: float, hot: list[int]) -> torch.Tensor:
+    """float32 entropies in [0, 3), the ``hot`` cells at least the threshold; drawn cells sit on the
+    float32 threshold, one float32 step below it (where >= and > part), or are NaN or infinite."""
+    e = torch.rand(t, generator=g) * 3
+    thr = torch.tensor(threshold, dtype=torch.float32)
+    e[hot] = torch.maximum(e[hot], thr)
+    for i, how in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(["on", "below", "nan", "inf"])),
+                                max_size=3 if t else 0)):
+        if how == "on":
+            e[i] = thr
+        elif how == "below":
+            e[i] = torch.nextafter(thr, torch.tensor(float("-inf")))
+        else:
+            e[i] = float(how)
+    return e
+
+
+def _plant_runs(draw: st.DrawFn, bt: Batch, greedy: bool, window: int, reject: torch.Tensor, accept: torch.Tensor) -> list[int]:
+    """At drawn positions that could defer (a row the kernel processes, ``pos + W < n``), a rejected
+    position followed by ``window`` accepted ones, marked in ``reject`` and ``accept`` for the caller
+    to apply; returns the rejected positions."""
+    eligible, start = [], 0
+    for n, row_greedy in zip(bt.n, bt.greedy):
+        if row_greedy == greedy:
+            eligible += range(start, start + n - window)
+        start += n
+    cells = draw(st.lists(st.sampled_from(eligible), max_size=3)) if eligible else []
+    for i in cells:
+        reject[i] = True
+        accept[i + 1 : i + 1 + window] = True
+    return cells
+
+
+def _is_greedy(draw: st.DrawFn, greedy: list[bool], optional: bool) -> torch.Tensor | None:
+    if optional and all(greedy) and draw(st.booleans()):
+        return None
+    return torch.tensor(greedy, dtype=torch.bool)
+
+
+@cases_for("apply_fly_greedy_acceptance_kernel")
+def greedy_cases() -> st.SearchStrategy[Case]:
+    return _greedy_cases()
+
+
+@st.composite
+def _greedy_cases(draw: st.DrawFn) -> Case:
+    bt = draw(batches(out_of_vocab=draw(st.integers(0, 3)) == 0))
+    g = generator(bt.seed + 1)
+    t, v = bt.t, bt.vocab
+    window, threshold = draw(WINDOWS), draw(THRESHOLDS)
+    col = bt.draft.to(torch.int64).clamp(0, v - 1)
+    # Most argmaxes equal the draft, so that windows confirm; planted runs make deferrals likely.
+    same = torch.rand(t, generator=g) < 0.7
+    differ = torch.zeros(t, dtype=torch.bool)
+    hot = _plant_runs(draw, bt, True, window, differ, same)
+    argmax = torch.where(same & ~differ, col, (col + 1 + torch.randint(0, max(v - 1, 1), (t,), generator=g)) % v)
+    logits = torch.randn(t + draw(st.integers(0, 1)), v, generator=g)
+    # The draft's own logit at -inf never defers; NaN neither.
+    for i, value in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from([float("-inf"), float("nan")])),
+                                  max_size=2 if t else 0)):
+        logits[i, col[i]] = value
+    if window > 0 and t:
+        event(f"window {window}")
+    args = dict(
+        cu_num_draft_tokens_ptr=bt.cu,
+        draft_token_ids_ptr=bt.draft,
+        target_argmax_ptr=argmax.to(draw(st.sampled_from([torch.int64, torch.int32]))),
+        target_logits_ptr=logits,
+        fly_entropy_ptr=draw(_entropy(g, t, threshold, hot)),
+        is_greedy_ptr=_is_greedy(draw, bt.greedy, optional=True),
+        vocab_size=v,
+        fly_entropy_threshold=threshold,
+        FLY_WINDOW_SIZE=window,
+    )
+    return Case("apply_fly_greedy_acceptance_kernel", args)
+
+
+@cases_for("apply_fly_random_acceptance_kernel")
+def random_cases() -> st.SearchStrategy[Case]:
+    return _random_cases()
+
+
+@st.composite
+def _random_cases(draw: st.DrawFn) -> Case:
+    bt = draw(batches(out_of_vocab=draw(st.integers(0, 3)) == 0))
+    g = generator(bt.seed + 1)
+    t, v = bt.t, bt.vocab
+    window, threshold = draw(WINDOWS), draw(THRESHOLDS)
+    no_draft_probs = draw(st.booleans())
+    target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
+    draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
+    col = bt.draft.to(torch.int64).clamp(0, v - 1)
+    p = target[torch.arange(t), col]
+    q = torch.ones_like(p) if draft_probs is None else draft_probs[torch.arange(t), col]
+    # Uniforms on and one ulp above the float32 ratio, where >= and > part (C7).
+    u = draw(_uniforms(g, t, (p / q).to(torch.float64)))
+    # Planted runs: 1.0 rejects whenever p < q, and 0.0 accepts whenever q > 0.
+    reject, accept = torch.zeros(t, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)
+    hot = _plant_runs(draw, bt, False, window, reject, accept)
+    u[accept] = 0.0
+    u[reject & ~accept] = float(torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)))
+    args = dict(
+        cu_num_draft_tokens_ptr=bt.cu,
+        draft_token_ids_ptr=bt.draft,
+        draft_probs_ptr=draft_probs,
+        target_probs_ptr=target,
+        uniform_probs_ptr=u,
+        fly_entropy_ptr=draw(_entropy(g, t, threshold, hot)),
+        is_greedy_ptr=_is_greedy(draw, bt.greedy, optional=False),
+        vocab_size=v,
+        fly_entropy_threshold=threshold,
+        NO_DRAFT_PROBS=no_draft_probs,
+        FLY_WINDOW_SIZE=window,
+    )
+    return Case("apply_fly_random_acceptance_kernel", args)
