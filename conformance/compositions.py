@@ -110,6 +110,25 @@ def sample_recovered_tokens(
     return recovered
 
 
+def compute_fly_entropy(values: torch.Tensor, entropy_top_k: int, *, from_logits: bool = False) -> torch.Tensor:
+    """FLy's entropy per row (docs/fly.md): ``-sum(p log p)`` over the ``entropy_top_k`` largest
+    probabilities (from logits: their softmax), not renormalised, 0 log 0 = 0; float32."""
+    if values.ndim != 2:
+        raise ValueError("FLy expects 2-D target probabilities or logits")
+    if values.shape[-1] == 0:
+        raise ValueError("FLy requires a non-empty target vocabulary")
+    if entropy_top_k <= 0:
+        raise ValueError("fly_entropy_top_k must be greater than zero")
+    values = values.to(torch.float32)
+    top = torch.topk(values, k=min(entropy_top_k, values.shape[-1]), dim=-1).values
+    if from_logits:
+        log_p = top - values.logsumexp(dim=-1, keepdim=True)
+        p = log_p.exp()
+    else:
+        p, log_p = top, top.log()
+    return -torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(dim=-1)
+
+
 def rejection_sample(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: list[int],
@@ -122,28 +141,46 @@ def rejection_sample(
     synthetic_mode: bool = False,
     synthetic_conditional_rates: torch.Tensor | None = None,
     use_fp64_gumbel: bool = False,
+    fly_window_size: int | None = None,
+    fly_entropy_threshold: float | None = None,
+    fly_entropy_top_k: int = 3,
     *,
     backend: str = "reference",
     uniform: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """§3.1: int32 ``[B, S+1]`` output of the V1 rejection sampler (FLy arguments out of scope)."""
+    """§3.1: int32 ``[B, S+1]`` output of the V1 rejection sampler, with the FLy pre-pass
+    (docs/fly.md) when ``fly_window_size`` is given."""
     assert draft_token_ids.ndim == 1 and draft_token_ids.is_contiguous()
     assert draft_probs is None or (draft_probs.ndim == 2 and draft_probs.is_contiguous())
     assert cu_num_draft_tokens.ndim == 1 and bonus_token_ids.is_contiguous()
     assert target_logits.ndim == 2 and target_logits.shape[0] == draft_token_ids.shape[0]
     assert max_spec_len <= MAX_SPEC_LEN
     assert synthetic_mode == (synthetic_conditional_rates is not None)
+    fly = fly_window_size is not None
+    if fly:
+        assert fly_entropy_threshold is not None
+        if synthetic_mode:
+            raise ValueError("FLy is incompatible with synthetic rejection sampling")
     batch, (num_tokens, vocab) = len(num_draft_tokens), target_logits.shape
     meta = sampling_metadata
     out = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
     is_greedy = None if meta.all_greedy else meta.temperature == GREEDY_TEMPERATURE
     if uniform is None and (synthetic_mode or not meta.all_greedy):
         uniform = generate_uniform_probs(num_tokens, num_draft_tokens, meta.generators)
-    target_probs = None if meta.all_greedy else torch.softmax(target_logits, dim=-1, dtype=torch.float32)
+    target_probs = None
+    if fly or not meta.all_greedy:
+        target_probs = torch.softmax(target_logits, dim=-1, dtype=torch.float32)
+    entropy = compute_fly_entropy(target_probs, fly_entropy_top_k) if fly else None
 
     if not meta.all_random:
         target_argmax = target_logits.argmax(dim=-1)
+        if fly:
+            launch(backend, "apply_fly_greedy_acceptance_kernel", (batch,),
+                   cu_num_draft_tokens_ptr=cu_num_draft_tokens, draft_token_ids_ptr=draft_token_ids,
+                   target_argmax_ptr=target_argmax, target_logits_ptr=target_logits, fly_entropy_ptr=entropy,
+                   is_greedy_ptr=is_greedy, vocab_size=vocab, fly_entropy_threshold=fly_entropy_threshold,
+                   FLY_WINDOW_SIZE=fly_window_size)
         launch(backend, "rejection_greedy_sample_kernel", (batch,),
                output_token_ids_ptr=out, cu_num_draft_tokens_ptr=cu_num_draft_tokens, draft_token_ids_ptr=draft_token_ids,
                target_argmax_ptr=target_argmax, bonus_token_ids_ptr=bonus_token_ids, is_greedy_ptr=is_greedy,
@@ -154,6 +191,13 @@ def rejection_sample(
 
     recovered = sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
                                         target_probs, meta, use_fp64_gumbel, backend=backend, noise=noise)
+    if fly:
+        uniform = uniform.clone()  # the pre-pass rewrites it; an injected uniform stays the caller's
+        launch(backend, "apply_fly_random_acceptance_kernel", (batch,),
+               cu_num_draft_tokens_ptr=cu_num_draft_tokens, draft_token_ids_ptr=draft_token_ids, draft_probs_ptr=draft_probs,
+               target_probs_ptr=target_probs, uniform_probs_ptr=uniform, fly_entropy_ptr=entropy, is_greedy_ptr=is_greedy,
+               vocab_size=vocab, fly_entropy_threshold=fly_entropy_threshold, NO_DRAFT_PROBS=draft_probs is None,
+               FLY_WINDOW_SIZE=fly_window_size)
     launch(backend, "rejection_random_sample_kernel", (batch,),
            output_token_ids_ptr=out, cu_num_draft_tokens_ptr=cu_num_draft_tokens, draft_token_ids_ptr=draft_token_ids,
            draft_probs_ptr=draft_probs, target_probs_ptr=target_probs, bonus_token_ids_ptr=bonus_token_ids,
@@ -281,6 +325,7 @@ def mrv2_rejection_sample(
 
 __all__ = [
     "SamplingMetadata",
+    "compute_fly_entropy",
     "expand_batch_to_tokens",
     "generate_uniform_probs",
     "mrv2_rejection_sample",

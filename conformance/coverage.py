@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from conformance.contract import counts
-from conformance.kernels import mrv2, rejection
+from conformance.kernels import fly, mrv2, rejection
 from conformance.kernels._checks import flat_view
 from conformance.kernels.eagle import K5, K6, K7
 from conformance.kernels.slot_mapping import K10
@@ -227,6 +227,46 @@ def _resampled(kernel: str, a: Args, kind: str) -> int:
     return sum(q.residual for q in reqs) if bool(a["HAS_DRAFT_LOGITS"]) == draft else 0
 
 
+# -- the FLy pre-pass (K19, K20) ----------------------------------------------------------------------
+def _fly_written(kernel: str, a: Args, out: Outputs) -> torch.Tensor:
+    """Draft positions the oracle deferred: the cells of the rewritten input that changed."""
+    name = "target_argmax_ptr" if kernel == fly.K19 else "uniform_probs_ptr"
+    before, after = a[name], out.get(name)
+    if after is None or not before.numel():
+        return torch.zeros(0, dtype=torch.bool)
+    return after != before
+
+
+def _fly_deferred(kernel: str, a: Args, out: Outputs) -> int:
+    return int(_fly_written(kernel, a, out).sum())
+
+
+def _fly_on_threshold(kernel: str, a: Args, out: Outputs) -> int:
+    """Deferred positions whose entropy is exactly the float32 threshold (the test is >=)."""
+    written = _fly_written(kernel, a, out)
+    threshold = torch.tensor(a["fly_entropy_threshold"], dtype=torch.float32)
+    return int((written & (a["fly_entropy_ptr"][: written.numel()] == threshold)).sum())
+
+
+def _fly_blocked_by_window(kernel: str, a: Args, out: Outputs) -> int:
+    """Positions with room for a window (pos + W < n) that defer without one (the oracle at W = 0)
+    but not with it: a draft in the window was rejected."""
+    import reference.fly
+
+    w = a["FLY_WINDOW_SIZE"]
+    if w == 0:
+        return 0
+    name = "target_argmax_ptr" if kernel == fly.K19 else "uniform_probs_ptr"
+    bare = dict(a, FLY_WINDOW_SIZE=0, **{name: a[name].clone()})
+    getattr(reference.fly, kernel)(**bare)
+    without = bare[name] != a[name]
+    cu = a["cu_num_draft_tokens_ptr"]
+    n = counts(cu)
+    room = torch.repeat_interleave(n, n)  # each position's row length
+    pos = torch.arange(int(n.sum())) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+    return int((without[: pos.numel()] & ~_fly_written(kernel, a, out)[: pos.numel()] & (pos + w < room)).sum())
+
+
 CLASSES: tuple[StateClass, ...] = (
     StateClass("all accepted", (K1, K2), _all_accepted, "a row with drafts whose every draft is accepted: the bonus is written"),
     StateClass("first draft rejected", (K1, K2), _first_rejected, "a row with drafts rejected at position 0"),
@@ -256,6 +296,11 @@ CLASSES: tuple[StateClass, ...] = (
                "p minus q, in the log domain"),
     StateClass("one-hot residual", (mrv2.K17,), lambda k, a, o: _resampled(k, a, "one-hot"),
                "the target without the rejected draft"),
+    StateClass("deferred", (fly.K19, fly.K20), _fly_deferred, "a rejection deferred: its input rewritten (C33)"),
+    StateClass("deferred at the threshold", (fly.K19, fly.K20), _fly_on_threshold,
+               "a deferral whose entropy is exactly the float32 threshold (non-strict, C33)"),
+    StateClass("blocked by the window", (fly.K19, fly.K20), _fly_blocked_by_window,
+               "a position that would defer but for a rejected draft in its window (C33)"),
 )
 
 # -- hazards: rules the contract keeps because the engine behaves so ---------------------------------

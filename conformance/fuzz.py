@@ -238,9 +238,10 @@ def wrong_scalar_type(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> t
     if not names:
         return None
     n = draw(st.sampled_from(names))
-    how = draw(st.sampled_from(["float", "tensor", "str", "None"]))
+    real = bool(spec.param(n).dtypes)  # a float scalar: a float is its type, any value (inf, NaN) its value
+    how = draw(st.sampled_from(["tensor", "str", "None"] if real else ["float", "tensor", "str", "None"]))
     v = a[n]
-    a[n] = {"float": float(v) + 0.5, "tensor": torch.tensor(int(v)), "str": str(v), "None": None}[how]
+    a[n] = {"float": float(v) + 0.5, "tensor": torch.tensor(v), "str": str(v), "None": None}[how]
     return "wrong scalar type", n, how
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from support import BACKENDS
+from support import BACKENDS, i32
 
 from conformance.compositions import (
     SamplingMetadata,
+    compute_fly_entropy,
     expand_batch_to_tokens,
     generate_uniform_probs,
     rejection_sample,
@@ -65,18 +66,26 @@ def steps(draw):
     temp = torch.tensor([0.0 if rows == "greedy" or (rows == "mixed" and i % 2) else 1.0 for i in range(b)])
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     synthetic = draw(st.booleans())
+    draft = torch.randint(0, v, (t,), generator=g, dtype=torch.int32)
+    # Most drafts are the target's favourite, so that acceptance chains (and FLy windows) form.
+    logits = torch.randn(t, v, generator=g)
+    favour = torch.rand(t, generator=g) < 0.7
+    logits[torch.arange(t)[favour], draft[favour].long()] += 4.0
+    fly = None if synthetic else draw(st.sampled_from([None, 1, 2, 3]))
     return dict(
-        draft_token_ids=torch.randint(0, v, (t,), generator=g, dtype=torch.int32),
+        draft_token_ids=draft,
         num_draft_tokens=n,
         max_spec_len=max(n),
         cu_num_draft_tokens=torch.tensor(n).cumsum(0).to(torch.int32),
         draft_probs=None if draw(st.booleans()) else torch.softmax(torch.randn(t, v, generator=g), -1),
-        target_logits=torch.randn(t, v, generator=g),
+        target_logits=logits,
         bonus_token_ids=torch.randint(0, v, (b, 1), generator=g, dtype=torch.int32),
         sampling_metadata=SamplingMetadata(temp if rows != "greedy" else None, rows == "greedy", rows == "random"),
         synthetic_mode=synthetic,
         synthetic_conditional_rates=torch.rand(max(n), generator=g) if synthetic else None,
         use_fp64_gumbel=draw(st.booleans()),
+        fly_window_size=fly,
+        fly_entropy_threshold=None if fly is None else draw(st.sampled_from([0.3, 0.0, 1.0, math.inf])),
         uniform=torch.rand(t, generator=g, dtype=torch.float64),
         noise=torch.empty(b, v).exponential_(generator=g),
     )
@@ -88,3 +97,49 @@ def test_rejection_sample_agrees_on_every_backend(step):
     # triton-split: the split-vocabulary sample_recovered_tokens layout behind the same composition.
     outs = {b: rejection_sample(**step, backend=b).tolist() for b in (*BACKENDS, "triton-split")}
     assert all(out == outs["reference"] for out in outs.values()), outs
+
+
+def _accepted(out: torch.Tensor, n: list[int]) -> list[int]:
+    """Accepted drafts per request: written cells before the first placeholder, less the last one
+    (the recovered or bonus token)."""
+    return [int((row[: k + 1] != -1).sum()) - 1 for row, k in zip(out, n)]
+
+
+@given(step=steps())
+def test_fly_infinite_threshold_is_fly_off_and_fly_only_adds_acceptances(step):
+    if step["fly_window_size"] is None:  # FLy refuses synthetic mode: draw the step without it
+        step.update(fly_window_size=1, fly_entropy_threshold=0.0, synthetic_mode=False, synthetic_conditional_rates=None)
+    step["noise"] = step["noise"].double() if step["use_fp64_gumbel"] else step["noise"]
+    off = dict(step, fly_window_size=None, fly_entropy_threshold=None)
+    for backend in BACKENDS:
+        base = rejection_sample(**off, backend=backend)
+        # compute_fly_entropy is finite, and an infinite threshold defers only an infinite entropy.
+        assert torch.equal(rejection_sample(**dict(step, fly_entropy_threshold=math.inf), backend=backend), base)
+        uniform = step["uniform"].clone()
+        fly = rejection_sample(**step, backend=backend)
+        assert torch.equal(step["uniform"], uniform), "the pre-pass rewrote the caller's uniforms"
+        n = step["num_draft_tokens"]
+        for f, b, row_fly, row_base in zip(_accepted(fly, n), _accepted(base, n), fly, base):
+            # Deferring only turns rejections into acceptances: what FLy-off accepted stays.
+            assert f >= b and torch.equal(row_fly[:b], row_base[:b]), (fly, base)
+
+
+def test_fly_is_refused_with_synthetic_mode():
+    with pytest.raises(ValueError, match="synthetic"):
+        rejection_sample(i32([1]), [1], 1, i32([1]), None, torch.zeros(1, 4), i32([[0]]),
+                         SamplingMetadata(None, True, False), True, torch.ones(1), fly_window_size=1,
+                         fly_entropy_threshold=0.3)
+
+
+@pytest.mark.parametrize("from_logits", [False, True])
+def test_compute_fly_entropy(from_logits):
+    # Top-2 of [0.5, 0.25, 0.25, 0]: -(0.5 ln 0.5 + 0.25 ln 0.25), not renormalised; a zero row gives 0.
+    p = torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    want = -(0.5 * math.log(0.5) + 0.25 * math.log(0.25))
+    values = p.log() if from_logits else p
+    got = compute_fly_entropy(values, 2, from_logits=from_logits)
+    assert abs(float(got[0]) - want) < 1e-6
+    if not from_logits:
+        assert float(got[1]) == 0.0
+    with pytest.raises(ValueError, match="top_k"):
+        compute_fly_entropy(p, 0)

@@ -25,7 +25,8 @@ def _entropy(draw: st.DrawFn, g: torch.Generator, t: int, threshold: float, hot:
     float32 threshold, one float32 step below it (where >= and > part), or are NaN or infinite."""
     e = torch.rand(t, generator=g) * 3
     thr = torch.tensor(threshold, dtype=torch.float32)
-    e[hot] = torch.maximum(e[hot], thr)
+    # Hot cells meet the threshold: exactly on it (the test is >=), or above.
+    e[hot] = thr if draw(st.booleans()) else torch.maximum(e[hot], thr)
     for i, how in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(["on", "below", "nan", "inf"])),
                                 max_size=3 if t else 0)):
         if how == "on":
@@ -46,7 +47,7 @@ def _plant_runs(draw: st.DrawFn, bt: Batch, greedy: bool, window: int, reject: t
         if row_greedy == greedy:
             eligible += range(start, start + n - window)
         start += n
-    cells = draw(st.lists(st.sampled_from(eligible), max_size=3)) if eligible else []
+    cells = draw(st.lists(st.sampled_from(eligible), min_size=1, max_size=3)) if eligible else []
     for i in cells:
         reject[i] = True
         accept[i + 1 : i + 1 + window] = True
