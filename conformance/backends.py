@@ -61,6 +61,12 @@ class Backend:
     # What it declines (see Capability); Triton launch options it accepts and ignores (§1.9).
     capabilities: tuple[Capability, ...] = ()
     launch_options: bool = True
+    # Its kernels are Triton kernels: it has no form of a host function (KernelSpec.host), which
+    # is then "n/a" there rather than missing.
+    triton: bool = False
+
+    def applies(self, spec: KernelSpec) -> bool:
+        return not (spec.host and self.triton)
 
     def unsupported(self, spec: KernelSpec, args: Mapping[str, Any]) -> str | None:
         """The first declared capability the case falls outside of, or None."""
@@ -134,7 +140,7 @@ def _cpu_unavailable() -> str | None:
 
 
 register_backend(Backend(ORACLE, _from_family("reference"), lambda: "cpu", lambda: "oracle", gridless=True, validates=True))
-register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable))
+register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable, triton=True))
 register_backend(Backend("cpu", _from_family("cpu_impl"), lambda: "cpu", lambda: "native", _cpu_unavailable, validates=True))
 
 
@@ -148,7 +154,8 @@ def _triton_split(spec: KernelSpec) -> Any:
 
 # The split-vocabulary layout of sample_recovered_tokens (triton_impl/rejection.py); the engine's
 # layout stays the "triton" backend's, with the engine's signature and grid.
-register_backend(Backend("triton-split", _triton_split, _triton_device, _triton_mode, _triton_unavailable, base="triton"))
+register_backend(Backend("triton-split", _triton_split, _triton_device, _triton_mode, _triton_unavailable, base="triton",
+                         triton=True))
 
 # vLLM's own kernels and CPU port (conformance/engine), unavailable until a vLLM is named.
 importlib.import_module("conformance.engine")

@@ -131,6 +131,12 @@ def _available(spec_name: str, wanted: list[str], asked: set[str]) -> tuple[list
     for b in wanted:
         backend = BACKENDS[b]
         why = backend.unavailable()
+        if not backend.applies(spec):
+            if backend.base is not None and b not in asked:
+                continue  # a partial backend answers only for its own kernels
+            skipped[b] = {"status": "n/a", "examples": 0, "failures": 0, "mode": backend.mode(),
+                          "message": f"vLLM implements {spec.name} in PyTorch on the host: it has no Triton form"}
+            continue
         if why is None and backend.resolve(spec) is None:
             if backend.engine:  # a fact about the engine, not a gap of specdiff's (no CPU port of MRV2)
                 skipped[b] = {"status": "skipped", "examples": 0, "failures": 0, "mode": backend.mode(),

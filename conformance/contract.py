@@ -147,6 +147,9 @@ class KernelSpec:
     call_site: Callable[[Mapping[str, Any]], bool] | None = None
     # Bytes a launch must move at least (reads + writes), for benchmarks' GB/s.
     bytes_moved: Callable[[Mapping[str, Any]], int] | None = None
+    # vLLM implements it as a PyTorch host function, not a Triton kernel: there is no Triton form
+    # (Triton backends report it "n/a"), and it is called plainly, ``f(*args)``; the grid is nominal.
+    host: bool = False
     doc: str = ""
     _by_name: dict[str, Param] = field(init=False, repr=False)
     _names: tuple[str, ...] = field(init=False, repr=False)

@@ -353,7 +353,7 @@ def check_all(names: Iterable[str] | None = None, backends: Iterable[str] | None
         # The engine's own kernels are checked against the contract's names by --vllm, not held to
         # specdiff's launch forms (their launch behaviour is what conformance reports on).
         for b in backends or [b for b, be in BACKENDS.items() if not be.engine]:
-            if b not in BACKENDS:
+            if b not in BACKENDS or not BACKENDS[b].applies(spec):
                 continue
             if case is None and BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(spec) is not None:
                 case = example_case(kernel)

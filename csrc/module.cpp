@@ -10,6 +10,7 @@ void register_dflash(py::module_& m);
 void register_slot_mapping(py::module_& m);
 void register_mrv2(py::module_& m);
 void register_fly(py::module_& m);
+void register_async_update(py::module_& m);
 void register_gumbel(py::module_& m);
 void register_roofline(py::module_& m);
 void register_launcher(py::module_& m);
@@ -29,6 +30,8 @@ PYBIND11_MODULE(_C, m) {
   specdiff::register_mrv2(mrv2);
   auto fly = m.def_submodule("fly", "the FLy pre-pass of V1's rejection sampler");
   specdiff::register_fly(fly);
+  auto async_update = m.def_submodule("async_update", "the async-scheduling update of num_computed_tokens");
+  specdiff::register_async_update(async_update);
   auto gumbel = m.def_submodule("gumbel", "MRV2's random streams and numerics, as probes (not kernels)");
   specdiff::register_gumbel(gumbel);
   auto roofline = m.def_submodule("roofline", "the benchmarks' read roofline (not a kernel)");

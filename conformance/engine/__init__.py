@@ -81,8 +81,23 @@ def _unavailable(need_ops: bool) -> str | None:
     return None
 
 
+class _HostFunction:
+    """A host function launched like a kernel: ``f[grid](...)`` is ``f(...)``."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # inspect.signature sees the function's parameters
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self.fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
 def _triton_kernel(spec: KernelSpec) -> Any:
-    return loader().kernel(spec.qualname)
+    kernel = loader().kernel(spec.qualname)
+    return _HostFunction(kernel) if spec.host and kernel is not None else kernel
 
 
 def _cpu_kernel(spec: KernelSpec) -> Any:
@@ -155,7 +170,7 @@ def _interpreted_nan_probs(spec: KernelSpec, a: Any) -> bool:
 
 TRITON_CAPABILITIES = (
     Capability(
-        "integer dtypes off the call site", None, lambda spec, a: _off_call_site_ints(spec, a),
+        "integer dtypes off the call site", None, lambda spec, a: not spec.host and _off_call_site_ints(spec, a),
         "0.33.0's rejection kernels give one variable int32 and int64 types in two branches; compiled Triton refuses that",
     ),
     Capability(

@@ -1,4 +1,4 @@
-"""vLLM's own Triton kernels, read from its source files without importing vLLM.
+"""vLLM's own Triton kernels (and host functions), read from its source files without importing vLLM.
 
 Importing ``vllm.v1.sample.rejection_sampler`` would import most of vLLM (and pin its torch).
 The kernels themselves need only Triton, so the loader parses the module, keeps the
@@ -105,6 +105,11 @@ class _Module:
                 stmt = copy.copy(stmt)
                 stmt.bases, stmt.keywords, stmt.decorator_list = [], [], []
                 stmt.body = [s for s in stmt.body if _is_jit(s)]
+            elif isinstance(stmt, ast.FunctionDef) and not _is_jit(stmt):
+                # A host function (update_num_computed_tokens_for_batch_change is torch.compile'd on
+                # current_platform's backend): its decorators need vLLM; its body runs eagerly.
+                stmt = copy.copy(stmt)
+                stmt.decorator_list = []
             keep[id(stmt)] = stmt
             for name in sorted(_free_names(stmt) - seen):
                 seen.add(name)

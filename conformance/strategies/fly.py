@@ -51,7 +51,12 @@ def _plant_runs(draw: st.DrawFn, bt: Batch, greedy: bool, window: int, reject: t
     for i in cells:
         reject[i] = True
         accept[i + 1 : i + 1 + window] = True
-    return cells
+    # Chains: the position before a planted one rejected and uncertain too. Its window holds the
+    # planted rejection, so it must not defer, unless the planted one's own deferral is (wrongly) seen.
+    chained = [i - 1 for i in cells if i - 1 in eligible and draw(st.booleans())]
+    for i in chained:
+        reject[i], accept[i] = True, False
+    return cells + chained
 
 
 def _is_greedy(draw: st.DrawFn, greedy: list[bool], optional: bool) -> torch.Tensor | None:
