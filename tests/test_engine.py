@@ -9,7 +9,6 @@ tested on files made here.
 from __future__ import annotations
 
 import inspect
-
 import json
 import os
 import shutil
