@@ -124,7 +124,8 @@ def _cmd(ns: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as e:
         print(f"specdiff compile: {e}")
         return 2
-    names = ns.kernel or list(kernels.SPECS)
+    # A host function (KernelSpec.host) has no Triton form to compile.
+    names = [k for k in ns.kernel or list(kernels.SPECS) if not kernels.get(k).host]
     n = ns.cases or CASES[ns.profile]
     print(f"specdiff compile: target {ns.target}, {n} cases per kernel", flush=True)
     results = {}
