@@ -124,8 +124,9 @@ def _cmd(ns: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as e:
         print(f"specdiff compile: {e}")
         return 2
-    # A host function (KernelSpec.host) has no Triton form to compile.
-    names = [k for k in ns.kernel or list(kernels.SPECS) if not kernels.get(k).host]
+    from conformance.backends import BACKENDS
+
+    names = [k for k in ns.kernel or list(kernels.SPECS) if BACKENDS["triton"].applies(kernels.get(k))]
     n = ns.cases or CASES[ns.profile]
     print(f"specdiff compile: target {ns.target}, {n} cases per kernel", flush=True)
     results = {}

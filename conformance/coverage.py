@@ -228,9 +228,15 @@ def _resampled(kernel: str, a: Args, kind: str) -> int:
 
 
 # -- the FLy pre-pass (K19, K20) ----------------------------------------------------------------------
+def _fly_rewritten(kernel: str) -> str:
+    """The one input a FLy kernel rewrites (its contract's only output)."""
+    (p,) = (fly.APPLY_FLY_GREEDY if kernel == fly.K19 else fly.APPLY_FLY_RANDOM).outputs
+    return p.name
+
+
 def _fly_written(kernel: str, a: Args, out: Outputs) -> torch.Tensor:
     """Draft positions the oracle deferred: the cells of the rewritten input that changed."""
-    name = "target_argmax_ptr" if kernel == fly.K19 else "uniform_probs_ptr"
+    name = _fly_rewritten(kernel)
     before, after = a[name], out.get(name)
     if after is None or not before.numel():
         return torch.zeros(0, dtype=torch.bool)
@@ -256,7 +262,7 @@ def _fly_blocked_by_window(kernel: str, a: Args, out: Outputs) -> int:
     w = a["FLY_WINDOW_SIZE"]
     if w == 0:
         return 0
-    name = "target_argmax_ptr" if kernel == fly.K19 else "uniform_probs_ptr"
+    name = _fly_rewritten(kernel)
     bare = dict(a, FLY_WINDOW_SIZE=0, **{name: a[name].clone()})
     getattr(reference.fly, kernel)(**bare)
     without = bare[name] != a[name]

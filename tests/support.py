@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 import torch
 
 from conformance import engine
@@ -39,6 +40,18 @@ def run(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> dict[s
     """Launches and returns the arguments (outputs written in place)."""
     launch(backend, kernel, grid, **args)
     return args
+
+
+def refused(backend: str, kernel: str, args: dict[str, Any], error: type[Exception], *names: str) -> None:
+    """The launch raises ``error`` naming every one of ``names``, and changes no tensor."""
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.layout is torch.strided
+              and v.untyped_storage().data_ptr()}
+    with pytest.raises(error) as e:
+        run(backend, kernel, (1,), **args)
+    for n in names:
+        assert f"'{n}'" in str(e.value), str(e.value)
+    for k, v in before.items():
+        assert torch.equal(args[k], v), f"{k} changed on a refused launch"
 
 
 def i32(x: list[int] | list[list[int]]) -> torch.Tensor:

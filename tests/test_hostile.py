@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from support import i32, i64, run
+from support import i32, i64, refused, run
 from test_eagle import SEVEN_WIDE, step_args
 
 from conformance.kernels import eagle, slot_mapping
@@ -27,18 +27,6 @@ def launch(backend, kernel, args):
 
 def k5_args(**kw):
     return step_args([50, 98, 99, 100], i32(SEVEN_WIDE), [51, 99, 100, 101], 6, **kw)
-
-
-def refused(backend, kernel, args, error, *names):
-    """The launch raises ``error`` naming every one of ``names``, and changes no tensor."""
-    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.layout is torch.strided
-              and v.untyped_storage().data_ptr()}
-    with pytest.raises(error) as e:
-        launch(backend, kernel, args)
-    for n in names:
-        assert f"'{n}'" in str(e.value), str(e.value)
-    for k, v in before.items():
-        assert torch.equal(args[k], v), f"{k} changed on a refused launch"
 
 
 @validating

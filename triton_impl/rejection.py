@@ -22,6 +22,13 @@ def _request_start(cu_ptr, req_idx):
     return start
 
 
+@triton.jit
+def _request_span(cu_ptr, req_idx):
+    """(start(r), n(r)) of request r from inclusive cumulative counts, both int64."""
+    start = _request_start(cu_ptr, req_idx).to(tl.int64)
+    return start, tl.load(cu_ptr + req_idx).to(tl.int64) - start
+
+
 @triton.jit(do_not_specialize=["max_spec_len"])
 def rejection_greedy_sample_kernel(
     output_token_ids_ptr,  # [B, S+1] int32/int64, rows of stride max_spec_len + 1
@@ -43,9 +50,7 @@ def rejection_greedy_sample_kernel(
     if not is_greedy:
         return
 
-    start_idx = _request_start(cu_num_draft_tokens_ptr, req_idx).to(tl.int64)
-    end_idx = tl.load(cu_num_draft_tokens_ptr + req_idx).to(tl.int64)
-    num_draft_tokens = end_idx - start_idx
+    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
     row = req_idx.to(tl.int64) * (max_spec_len + 1)
 
     rejected = False
@@ -91,9 +96,7 @@ def rejection_random_sample_kernel(
     if is_greedy:
         return
 
-    start_idx = _request_start(cu_num_draft_tokens_ptr, req_idx).to(tl.int64)
-    end_idx = tl.load(cu_num_draft_tokens_ptr + req_idx).to(tl.int64)
-    num_draft_tokens = end_idx - start_idx
+    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
     row = req_idx.to(tl.int64) * (max_spec_len + 1)
 
     rejected = False
@@ -141,9 +144,7 @@ def expand_kernel(
     MAX_NUM_TOKENS: tl.constexpr,  # most tokens written per request (128 at the call site)
 ):
     req_idx = tl.program_id(0)
-    start_idx = _request_start(cu_num_tokens_ptr, req_idx).to(tl.int64)
-    end_idx = tl.load(cu_num_tokens_ptr + req_idx).to(tl.int64)
-    num_tokens = end_idx - start_idx
+    start_idx, num_tokens = _request_span(cu_num_tokens_ptr, req_idx)
 
     src_val = tl.load(input_ptr + req_idx)
     src_val = tl.where(src_val == replace_from, replace_to, src_val).to(src_val.dtype)
@@ -166,9 +167,8 @@ def sample_recovered_tokens_kernel(
 ):
     req_idx = tl.program_id(0)
     pos = tl.program_id(1)
-    start_idx = _request_start(cu_num_draft_tokens_ptr, req_idx).to(tl.int64)
-    end_idx = tl.load(cu_num_draft_tokens_ptr + req_idx).to(tl.int64)
-    if pos >= end_idx - start_idx:
+    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
+    if pos >= num_draft_tokens:
         return
     token_idx = start_idx + pos
     _, best_idx = _best_residual(

@@ -31,6 +31,7 @@ from conformance.contract import (
     scalar,
     starts,
 )
+from conformance.kernels.rejection import vocab_rows
 
 F32, F64, BOOL = torch.float32, torch.float64, torch.bool
 I32, I64 = torch.int32, torch.int64
@@ -56,20 +57,11 @@ def _rows(kernel: str, a: Mapping[str, Any]) -> tuple[int, int]:
     return b, t
 
 
-def vocab_rows(kernel: str, a: Mapping[str, Any], name: str, rows: int) -> None:
-    """``name`` is ``[>= rows, vocab_size]``: the kernels address it as ``t * vocab_size + d``."""
-    x, v = a[name], a["vocab_size"]
-    if x is None:
-        return
-    require(x.shape[1] == v, kernel, name, f"must have shape [>= {rows}, vocab_size={v}], got {tuple(x.shape)}")
-    require(x.shape[0] >= rows, kernel, name, f"must have at least {rows} rows, has {x.shape[0]}")
-
-
 def _greedy_preconditions(a: Mapping[str, Any]) -> None:
     _, t = _rows(K19, a)
     argmax = a["target_argmax_ptr"]
     require_length(K19, "target_argmax_ptr", argmax, t)
-    vocab_rows(K19, a, "target_logits_ptr", t)
+    vocab_rows(K19, a, "target_logits_ptr", t, a["vocab_size"])
     # A deferred position stores its draft (0 <= d < V) into the argmax buffer.
     top = torch.iinfo(argmax.dtype).max
     require(a["vocab_size"] - 1 <= top, K19, "vocab_size",
@@ -79,8 +71,8 @@ def _greedy_preconditions(a: Mapping[str, Any]) -> None:
 def _random_preconditions(a: Mapping[str, Any]) -> None:
     _, t = _rows(K20, a)
     require_length(K20, "uniform_probs_ptr", a["uniform_probs_ptr"], t)
-    vocab_rows(K20, a, "target_probs_ptr", t)
-    vocab_rows(K20, a, "draft_probs_ptr", t)
+    vocab_rows(K20, a, "target_probs_ptr", t, a["vocab_size"])
+    vocab_rows(K20, a, "draft_probs_ptr", t, a["vocab_size"])
 
 
 # -- what decided a cell ---------------------------------------------------------------------------

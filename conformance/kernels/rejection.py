@@ -97,8 +97,8 @@ def _random_preconditions(a: Mapping[str, Any]) -> None:
     _ids_fit(k, a, "recovered_token_ids_ptr", t)
     v = a["vocab_size"]
     at_least(k, "vocab_size", v, 1)
-    _prob_rows(k, a, "target_probs_ptr", t, v)
-    _prob_rows(k, a, "draft_probs_ptr", t, v)
+    vocab_rows(k, a, "target_probs_ptr", t, v)
+    vocab_rows(k, a, "draft_probs_ptr", t, v)
     if a["SYNTHETIC_MODE"]:
         _synthetic(k, a, t, n)
     elif t:
@@ -109,7 +109,8 @@ def _random_preconditions(a: Mapping[str, Any]) -> None:
         require(not d.numel() or int(d.max()) < v, k, "draft_token_ids_ptr", f"must hold ids < vocab_size ({v}) outside synthetic mode")
 
 
-def _prob_rows(k: str, a: Mapping[str, Any], name: str, rows: int, v: int) -> None:
+def vocab_rows(k: str, a: Mapping[str, Any], name: str, rows: int, v: int) -> None:
+    """``name`` is ``[>= rows, v]`` (or None): kernels address it as ``t * vocab_size + d``."""
     x = a[name]
     if x is None:
         return
@@ -140,9 +141,9 @@ def _recovered_preconditions(a: Mapping[str, Any]) -> None:
     at_least(k, "vocab_size", v, 1)
     require_length(k, "output_token_ids_ptr", a["output_token_ids_ptr"], t)
     require_length(k, "draft_token_ids_ptr", a["draft_token_ids_ptr"], t)
-    _prob_rows(k, a, "target_probs_ptr", t, v)
-    _prob_rows(k, a, "draft_probs_ptr", t, v)
-    _prob_rows(k, a, "inv_q_ptr", b, v)
+    vocab_rows(k, a, "target_probs_ptr", t, v)
+    vocab_rows(k, a, "draft_probs_ptr", t, v)
+    vocab_rows(k, a, "inv_q_ptr", b, v)
     bs = a["BLOCK_SIZE"]
     power_of_two(k, "BLOCK_SIZE", bs)
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator
-from conformance.strategies.rejection import ROW_KINDS, Batch, _kinds, _uniforms, batches, prob_rows
+from conformance.strategies.rejection import ROW_KINDS, Batch, _kinds, _uniforms, batches, draft_ratio, prob_rows
 
 # The config's default 0.3, its bounds, a value float32 rounds (0.1), a negative one and infinity
 # (FLy off, except for an infinite entropy); then any float32 in [0, 4].
@@ -59,6 +59,13 @@ def _plant_runs(draw: st.DrawFn, bt: Batch, greedy: bool, window: int, reject: t
     return cells + chained
 
 
+def _step(draw: st.DrawFn) -> tuple[Batch, torch.Generator, int, float]:
+    """A rejection-sampler batch (a quarter of them with drafts outside the vocabulary, which FLy
+    neither defers nor reads), its bulk generator, the window and the threshold."""
+    bt = draw(batches(out_of_vocab=draw(st.integers(0, 3)) == 0))
+    return bt, generator(bt.seed + 1), draw(WINDOWS), draw(THRESHOLDS)
+
+
 def _is_greedy(draw: st.DrawFn, greedy: list[bool], optional: bool) -> torch.Tensor | None:
     if optional and all(greedy) and draw(st.booleans()):
         return None
@@ -72,10 +79,8 @@ def greedy_cases() -> st.SearchStrategy[Case]:
 
 @st.composite
 def _greedy_cases(draw: st.DrawFn) -> Case:
-    bt = draw(batches(out_of_vocab=draw(st.integers(0, 3)) == 0))
-    g = generator(bt.seed + 1)
+    bt, g, window, threshold = _step(draw)
     t, v = bt.t, bt.vocab
-    window, threshold = draw(WINDOWS), draw(THRESHOLDS)
     col = bt.draft.to(torch.int64).clamp(0, v - 1)
     # Most argmaxes equal the draft, so that windows confirm; planted runs make deferrals likely.
     same = torch.rand(t, generator=g) < 0.7
@@ -110,18 +115,13 @@ def random_cases() -> st.SearchStrategy[Case]:
 
 @st.composite
 def _random_cases(draw: st.DrawFn) -> Case:
-    bt = draw(batches(out_of_vocab=draw(st.integers(0, 3)) == 0))
-    g = generator(bt.seed + 1)
+    bt, g, window, threshold = _step(draw)
     t, v = bt.t, bt.vocab
-    window, threshold = draw(WINDOWS), draw(THRESHOLDS)
     no_draft_probs = draw(st.booleans())
     target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
     draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
-    col = bt.draft.to(torch.int64).clamp(0, v - 1)
-    p = target[torch.arange(t), col]
-    q = torch.ones_like(p) if draft_probs is None else draft_probs[torch.arange(t), col]
     # Uniforms on and one ulp above the float32 ratio, where >= and > part (C7).
-    u = draw(_uniforms(g, t, (p / q).to(torch.float64)))
+    u = draw(_uniforms(g, t, draft_ratio(target, draft_probs, bt.draft, v)))
     # Planted runs: 1.0 rejects whenever p < q, and 0.0 accepts whenever q > 0.
     reject, accept = torch.zeros(t, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)
     hot = _plant_runs(draw, bt, False, window, reject, accept)

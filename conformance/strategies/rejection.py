@@ -95,6 +95,16 @@ def prob_rows(g: torch.Generator, kinds: list[str], v: int, draft: torch.Tensor,
     return out
 
 
+def draft_ratio(target: torch.Tensor, draft_probs: torch.Tensor | None, draft: torch.Tensor, v: int) -> torch.Tensor:
+    """K2's float32 ratio p/q at each token's draft (q = 1 without draft probabilities; an id
+    outside [0, V) reads column 0 or V - 1), widened to float64: where >= and > part."""
+    t = draft.numel()
+    col = draft.to(torch.int64).clamp(0, v - 1)
+    p = target[torch.arange(t), col]
+    q = torch.ones_like(p) if draft_probs is None else draft_probs[torch.arange(t), col]
+    return (p / q).to(torch.float64)
+
+
 def _kinds(draw: st.DrawFn, t: int, allowed: tuple[str, ...]) -> list[str]:
     """Mostly random rows, with drawn exceptions (shrinks toward all random)."""
     kinds = ["random"] * t
@@ -194,10 +204,7 @@ def _random_cases(draw: st.DrawFn) -> Case:
         pos = torch.cat([torch.arange(k) for k in bt.n]) if t else torch.zeros(0, dtype=torch.int64)
         boundary = rates[pos].to(torch.float64)
     else:
-        col = bt.draft.to(torch.int64).clamp(0, v - 1)
-        p = target[torch.arange(t), col]
-        q = torch.ones_like(p) if draft_probs is None else draft_probs[torch.arange(t), col]
-        boundary = (p / q).to(torch.float64)
+        boundary = draft_ratio(target, draft_probs, bt.draft, v)
     u = draw(_uniforms(g, t, boundary))
     if no_draft_probs and not synthetic:
         # Aim at the first test of the random rows, which always runs: u == p, and u == p == 0 (a
