@@ -263,10 +263,11 @@ def _resolve(spec):
         return None
     from reference.rejection import expand_kernel
 
-    def launch(**args):
-        if int(args["cu_num_tokens_ptr"].numel()) >= 3:
+    def launch(*args, **kwargs):  # cases launch by keyword or positionally, as the engine may
+        a = SPECS["expand_kernel"].bind(args, kwargs)
+        if int(a["cu_num_tokens_ptr"].numel()) >= 3:
             ctypes.string_at(0)  # a segfault, as a planted out-of-bounds write would be
-        return expand_kernel(**args)
+        return expand_kernel(**a)
 
     return launch
 
