@@ -84,7 +84,7 @@ def package(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's own tests: goldens, launch forms, runner power, compositions, statistics."""
     install(session, "test")
-    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", *session.posargs, env={"SPECDIFF_PROFILE": PROFILE})
+    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", "--durations=15", *session.posargs, env={"SPECDIFF_PROFILE": PROFILE})
 
 
 @nox.session(python=PYTHON)
