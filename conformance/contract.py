@@ -30,6 +30,9 @@ class Role(enum.Enum):
     IN = "in"
     OUT = "out"  # poisoned before every conformance launch: the kernel must not read it
     INOUT = "inout"  # read and written: keeps the case's values, compared afterwards
+    # A workspace the kernel writes and reads back: poisoned before every conformance launch (what
+    # is read before it is written shows in the outputs), never compared afterwards.
+    SCRATCH = "scratch"
 
 
 class _NoDefault:
@@ -88,10 +91,15 @@ class Param:
     # An output whose float64 values carry C29's float64 noise (each platform's float64 log):
     # backends agree within this relative tolerance (absolute below 1) there, exactly elsewhere.
     float64_rtol: float = 0.0
+    # A constexpr flag without which the kernel never reads this tensor: vLLM's call site then
+    # passes a placeholder (another argument's tensor), so when the flag is off any value binds
+    # as None.
+    unread_unless: str = ""
     doc: str = ""
 
     @property
     def is_output(self) -> bool:
+        """Written by the kernel (outputs and workspaces)."""
         return self.role is not Role.IN
 
 
@@ -153,10 +161,12 @@ class KernelSpec:
     doc: str = ""
     _by_name: dict[str, Param] = field(init=False, repr=False)
     _names: tuple[str, ...] = field(init=False, repr=False)
+    _unread: tuple[Param, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._names = tuple(p.name for p in self.params)
         self._by_name = {p.name: p for p in self.params}
+        self._unread = tuple(p for p in self.params if p.unread_unless)
 
     # -- introspection -------------------------------------------------------------------
     @property
@@ -169,7 +179,8 @@ class KernelSpec:
 
     @property
     def outputs(self) -> tuple[Param, ...]:
-        return tuple(p for p in self.params if p.is_output)
+        """What a launch produces: the written parameters but its workspaces."""
+        return tuple(p for p in self.params if p.role in (Role.OUT, Role.INOUT))
 
     def param(self, name: str) -> Param:
         return self._by_name[name]
@@ -195,7 +206,7 @@ class KernelSpec:
         (the engine's call sites) is already bound: its own ``kwargs`` dict is returned.
         """
         if not args and kwargs.keys() == self._by_name.keys():
-            return kwargs  # type: ignore[return-value]
+            return self._placeholders(kwargs)  # type: ignore[arg-type]
         names = self._names
         if len(args) > len(names):
             raise TypeError(f"{self.name}() takes {len(names)} arguments but {len(args)} were given")
@@ -213,6 +224,14 @@ class KernelSpec:
                     if p.default is REQUIRED:
                         raise TypeError(f"{self.name}() missing required argument '{p.name}'")
                     bound[p.name] = p.default
+        return self._placeholders(bound)
+
+    def _placeholders(self, bound: Args) -> Args:
+        """A tensor its flag leaves unread binds as None (Param.unread_unless); the caller's dict
+        is never changed."""
+        for p in self._unread:
+            if bound[p.name] is not None and not bound[p.unread_unless]:
+                bound = {**bound, p.name: None}
         return bound
 
     # -- validation ------------------------------------------------------------------------
@@ -256,7 +275,7 @@ class KernelSpec:
                     raise ValueError(f"{self.name}: '{p.name}' must be contiguous")
                 if not p.contiguous and v.dim() and v.stride(-1) != 1:
                     raise ValueError(f"{self.name}: '{p.name}' must have unit inner stride")
-            elif p.kind is Kind.CONSTEXPR and p.name.isupper():
+            elif p.kind is Kind.CONSTEXPR and p.name.isupper() and not p.dtypes:
                 if not isinstance(v, (bool, int)):
                     raise TypeError(f"{self.name}: '{p.name}' must be a bool or int, got {type(v).__name__}")
             elif p.dtypes:

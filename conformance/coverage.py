@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from conformance.contract import counts
-from conformance.kernels import fly, mrv2, rejection
+from conformance.kernels import fly, mrv2, rejection, topk_topp
 from conformance.kernels._checks import flat_view
 from conformance.kernels.eagle import K5, K6, K7
 from conformance.kernels.slot_mapping import K10
@@ -273,6 +273,35 @@ def _fly_blocked_by_window(kernel: str, a: Args, out: Outputs) -> int:
     return int((without[: pos.numel()] & ~_fly_written(kernel, a, out)[: pos.numel()] & (pos + w < room)).sum())
 
 
+# -- the top-k/top-p mask ------------------------------------------------------------------------------
+def _topk_rows(a: Args) -> list[tuple[torch.Tensor, dict[str, tuple[float, int, int]]]]:
+    """Each row's logits and the oracle's cut-offs, by step (reference/topk_topp.cutoffs)."""
+    from reference.topk_topp import cutoffs
+
+    out = []
+    for r in range(a["BATCH_SIZE"]):
+        x = topk_topp.row_values(a, r)
+        k = int(a["K"][r]) if a["TOPK_ENABLED"] else None
+        p = float(a["P"][r]) if a["TOPP_ENABLED"] else None
+        out.append((x, cutoffs(x, k, p, bool(a["SPLIT_COVERS_PONLY"]))))
+    return out
+
+
+def _ties_split(stage: str) -> Callable[[str, Args, Outputs], int]:
+    """Rows whose ``stage`` keeps some, not all, of the logits equal to its last kept one."""
+    def count(kernel: str, a: Args, out: Outputs) -> int:
+        return sum(stage in cut and cut[stage][1] < int((x == cut[stage][0]).sum()) for x, cut in _topk_rows(a))
+    return count
+
+
+def _topp_after_topk(kernel: str, a: Args, out: Outputs) -> int:
+    return sum("top-k" in cut and "top-p" in cut and cut["top-p"][2] < cut["top-k"][2] for _, cut in _topk_rows(a))
+
+
+def _untouched(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not cut for _, cut in _topk_rows(a))
+
+
 CLASSES: tuple[StateClass, ...] = (
     StateClass("all accepted", (K1, K2), _all_accepted, "a row with drafts whose every draft is accepted: the bonus is written"),
     StateClass("first draft rejected", (K1, K2), _first_rejected, "a row with drafts rejected at position 0"),
@@ -307,6 +336,13 @@ CLASSES: tuple[StateClass, ...] = (
                "a deferral whose entropy is exactly the float32 threshold (non-strict, C33)"),
     StateClass("blocked by the window", (fly.K19, fly.K20), _fly_blocked_by_window,
                "a position that would defer but for a rejected draft in its window (C33)"),
+    StateClass("ties split by top-k", (topk_topp.KERNEL,), _ties_split("top-k"),
+               "top-k keeps some of the logits equal to the k-th, lowest columns first (C35)"),
+    StateClass("ties split by top-p", (topk_topp.KERNEL,), _ties_split("top-p"),
+               "top-p's prefix ends inside a run of equal logits (C35)"),
+    StateClass("top-p after top-k", (topk_topp.KERNEL,), _topp_after_topk, "top-p drops part of what top-k kept"),
+    StateClass("row untouched", (topk_topp.KERNEL,), _untouched,
+               "neither step applies (k >= V, at most k finite logits, p >= 1, split rows, all -inf): no write"),
 )
 
 # -- hazards: rules the contract keeps because the engine behaves so ---------------------------------

@@ -229,7 +229,12 @@ def flag_mismatch(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple
     if not spec.flags:
         return None
     f = draw(st.sampled_from(spec.flags))
-    a[f.constexpr] = not bool(a[f.constexpr])
+    if spec.param(f.tensor).unread_unless == f.constexpr:
+        # Off, the flag leaves its tensor unread (whatever is passed binds as None): only "on,
+        # without a tensor" disagrees.
+        a[f.constexpr], a[f.tensor] = True, None
+    else:
+        a[f.constexpr] = not bool(a[f.constexpr])
     return "flag disagrees with its tensor", f.constexpr, f"{f.constexpr}={a[f.constexpr]}"
 
 

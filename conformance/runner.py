@@ -154,7 +154,7 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
     args = _copy_args(case.args, backend.device())
     for p in spec.params:
         v = args[p.name]
-        if p.role is Role.OUT and isinstance(v, torch.Tensor) and not _aliases_input(spec, args, p.name):
+        if p.role in (Role.OUT, Role.SCRATCH) and isinstance(v, torch.Tensor) and not _aliases_input(spec, args, p.name):
             v.fill_(poison_value(v.dtype, variant))
     before = {
         p.name: args[p.name].clone()

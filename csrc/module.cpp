@@ -11,6 +11,7 @@ void register_slot_mapping(py::module_& m);
 void register_mrv2(py::module_& m);
 void register_fly(py::module_& m);
 void register_async_update(py::module_& m);
+void register_topk_topp(py::module_& m);
 void register_gumbel(py::module_& m);
 void register_roofline(py::module_& m);
 void register_launcher(py::module_& m);
@@ -32,6 +33,8 @@ PYBIND11_MODULE(_C, m) {
   specdiff::register_fly(fly);
   auto async_update = m.def_submodule("async_update", "the async-scheduling update of num_computed_tokens");
   specdiff::register_async_update(async_update);
+  auto topk_topp = m.def_submodule("topk_topp", "the top-k/top-p mask");
+  specdiff::register_topk_topp(topk_topp);
   auto gumbel = m.def_submodule("gumbel", "MRV2's random streams and numerics, as probes (not kernels)");
   specdiff::register_gumbel(gumbel);
   auto roofline = m.def_submodule("roofline", "the benchmarks' read roofline (not a kernel)");

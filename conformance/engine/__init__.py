@@ -179,6 +179,11 @@ TRITON_CAPABILITIES = (
         "'All-NaN slice encountered' (compiled, the tile's index comes back)",
     ),
     Capability(
+        "a tl.range variable's .to, interpreted", ("_topk_topp_kernel",), lambda spec, a: _triton_mode() == "interpreted",
+        "0.33.0's top-k/top-p kernel casts its tl.range row index with row_id.to(tl.int64); the interpreter makes that "
+        "index a Python int, which has no .to: compiled only",
+    ),
+    Capability(
         "libdevice log1p, interpreted", ("_resample_kernel",), _interpreted_log1p,
         "0.33.0's MRV2 resample takes the draft's distribution out with tldevice.log1p, which Triton's interpreter "
         "cannot run: compiled only",

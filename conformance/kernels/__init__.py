@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conformance.contract import KernelSpec
-from conformance.kernels import async_update, dflash, eagle, fly, mrv2, rejection, slot_mapping
+from conformance.kernels import async_update, dflash, eagle, fly, mrv2, rejection, slot_mapping, topk_topp
 
 FAMILIES: dict[str, tuple[KernelSpec, ...]] = {
     "rejection": rejection.SPECS,
@@ -13,6 +13,7 @@ FAMILIES: dict[str, tuple[KernelSpec, ...]] = {
     "mrv2": mrv2.SPECS,
     "fly": fly.SPECS,
     "async_update": async_update.SPECS,
+    "topk_topp": topk_topp.SPECS,
 }
 SPECS: dict[str, KernelSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 

@@ -1,0 +1,169 @@
+"""Triton kernel of the top-k/top-p mask, with vLLM 0.33.0's name, parameters and persistent grid
+``(programs,)`` (docs/topk_topp.md, C35).
+
+vLLM's body searches value pivots with an absolute tolerance (1e-9) and an 18-round cap. This one
+finds C35's exact cut-offs by bisection over an order-preserving integer key of the float32 logits:
+the largest key whose rank count (top-k) or integer mass (top-p) from the top reaches the target,
+at most 33 halvings of the key range, each a pass over the row. Its result therefore depends on no
+tile size: BLOCK_SIZE only tiles the passes, and the workspace and vLLM's pivot tables go unread.
+The row index is cast with ``tl.cast`` (the interpreter makes a ``tl.range`` variable a Python
+int, on which vLLM's ``row_id.to(tl.int64)`` fails).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from triton_impl.gumbel import exp32
+
+
+@triton.jit
+def _key(x):
+    # Order-preserving int64 key of a float32 (no NaN): -0.0 keyed as +0.0, so that equal
+    # logits tie. Negative floats have their magnitude bits flipped; the map is its own inverse.
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+
+
+@triton.jit
+def _value(key):
+    bits = key.to(tl.int32)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _weight(x, row_max):
+    # C35: floor(exp32(x - max) * 2**32); the float32 product is exact, the cast floors.
+    return (exp32(x - row_max) * 4294967296.0).to(tl.int64)
+
+
+@triton.jit
+def _topk_topp_kernel(
+    LOGITS,  # [B, V] float32, rows LOGITS_STRIDE_0 apart, masked in place
+    LOGITS_STRIDE_0,
+    BUFFER,  # [programs, V] workspace: unread here
+    PERCENTILE_TO_STD_TABLE,  # vLLM's pivot tables: unread here
+    NORMAL_CDF_TO_SIGMA_TABLE,
+    K,  # [B] int32, or anything when not TOPK_ENABLED
+    P,  # [B] float32, or anything when not TOPP_ENABLED
+    BATCH_SIZE,
+    VOCAB_SIZE: tl.constexpr,
+    MASK_VALUE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE_TRUNC: tl.constexpr,
+    TOPK_ENABLED: tl.constexpr,
+    TOPP_ENABLED: tl.constexpr,
+    SPLIT_COVERS_PONLY: tl.constexpr,
+):
+    NUM_TILES: tl.constexpr = (VOCAB_SIZE + BLOCK_SIZE - 1) // BLOCK_SIZE
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    for row_id in tl.range(pid, BATCH_SIZE, num_programs):
+        row = LOGITS + tl.cast(row_id, tl.int64) * LOGITS_STRIDE_0
+
+        # The row's maximum, its smallest and largest keys, and its finite count.
+        row_max = -float("inf")
+        key_lo = tl.full((), 2**31, tl.int64)
+        key_hi = tl.full((), -(2**31) - 1, tl.int64)
+        finite = tl.zeros((), tl.int32)
+        for t in range(0, NUM_TILES):
+            offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+            inside = offs < VOCAB_SIZE
+            x = tl.load(row + offs, mask=inside, other=-float("inf"))
+            key = _key(x)
+            row_max = tl.maximum(row_max, tl.max(x))
+            key_lo = tl.minimum(key_lo, tl.min(tl.where(inside, key, 2**31)))
+            key_hi = tl.maximum(key_hi, tl.max(tl.where(inside, key, -(2**31) - 1)))
+            finite += tl.sum((inside & (x > -float("inf"))).to(tl.int32))
+
+        # Which steps apply (reference/topk_topp.applies).
+        k = tl.full((), VOCAB_SIZE, tl.int64)
+        if TOPK_ENABLED:
+            k = tl.load(K + row_id).to(tl.int64)
+        do_topk = TOPK_ENABLED & (k < VOCAB_SIZE) & (finite > k)
+        do_topp = False
+        p = 1.0
+        if TOPP_ENABLED:
+            p = tl.load(P + row_id)
+            do_topp = (p < 1.0) & (finite > 0)
+            if SPLIT_COVERS_PONLY and TOPK_ENABLED:
+                do_topp = do_topp & (k < VOCAB_SIZE)
+
+        # The cut-off: values keyed above `pivot` are kept, and the first `ties` keyed at it.
+        pivot = key_lo - 1
+        ties = tl.zeros((), tl.int64)
+        if do_topk:
+            # Largest key c with count(key >= c) >= k; `above` counts the keys >= hi.
+            lo = key_lo
+            hi = key_hi + 1
+            above = tl.zeros((), tl.int64)
+            while hi - lo > 1:
+                mid = lo + (hi - lo) // 2
+                count = tl.zeros((), tl.int64)
+                for t in range(0, NUM_TILES):
+                    offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+                    inside = offs < VOCAB_SIZE
+                    key = _key(tl.load(row + offs, mask=inside, other=-float("inf")))
+                    count += tl.sum((inside & (key >= mid)).to(tl.int64))
+                if count >= k:
+                    lo = mid
+                else:
+                    hi = mid
+                    above = count
+            pivot = lo
+            ties = k - above
+        if do_topp:
+            # Z: the mass top-k kept (all of the row without top-k), and the mass above its cut-off.
+            tie_weight = _weight(_value(pivot), row_max)
+            over = tl.zeros((), tl.int64)
+            for t in range(0, NUM_TILES):
+                offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+                inside = offs < VOCAB_SIZE
+                x = tl.load(row + offs, mask=inside, other=-float("inf"))
+                over += tl.sum(tl.where(inside & (_key(x) > pivot), _weight(x, row_max), 0))
+            total = over
+            if do_topk:
+                total = over + ties * tie_weight
+            # The smallest integer mass at least p * Z (float64, one rounding).
+            need_f = p.to(tl.float64) * total.to(tl.float64)
+            need = need_f.to(tl.int64)
+            need = tl.where(need.to(tl.float64) < need_f, need + 1, need)
+            if over >= need:
+                # Largest key c > pivot with mass(key >= c) >= need; `above` is the mass of keys >= hi.
+                lo = pivot + 1
+                hi = key_hi + 1
+                above = tl.zeros((), tl.int64)
+                while hi - lo > 1:
+                    mid = lo + (hi - lo) // 2
+                    mass = tl.zeros((), tl.int64)
+                    for t in range(0, NUM_TILES):
+                        offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+                        inside = offs < VOCAB_SIZE
+                        x = tl.load(row + offs, mask=inside, other=-float("inf"))
+                        mass += tl.sum(tl.where(inside & (_key(x) >= mid), _weight(x, row_max), 0))
+                    if mass >= need:
+                        lo = mid
+                    else:
+                        hi = mid
+                        above = mass
+                pivot = lo
+                tie_weight = _weight(_value(pivot), row_max)
+                ties = (need - above + tie_weight - 1) // tie_weight
+            else:
+                # The prefix reaches p among top-k's ties: fewer of them (all of them without top-k).
+                ties = (need - over + tie_weight - 1) // tie_weight
+
+        # Mask everything but the cut-off's survivors, ties taken in column order.
+        if do_topk | do_topp:
+            seen = tl.zeros((), tl.int64)
+            for t in range(0, NUM_TILES):
+                offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+                inside = offs < VOCAB_SIZE
+                x = tl.load(row + offs, mask=inside, other=-float("inf"))
+                key = _key(x)
+                tie = (inside & (key == pivot)).to(tl.int64)
+                rank = seen + tl.cumsum(tie, 0) - tie
+                keep = (key > pivot) | ((tie != 0) & (rank < ties))
+                tl.store(row + offs, tl.where(keep, x, MASK_VALUE), mask=inside)
+                seen += tl.sum(tie)
