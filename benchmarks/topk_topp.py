@@ -1,0 +1,175 @@
+"""The top-k/top-p mask at vLLM's scale (vocabulary 151,936; 64 and 256 rows), side by side with what
+vLLM 0.33.0 runs instead: on a CPU without Triton, its PyTorch path ``apply_top_k_top_p_pytorch``
+(a full sort); on a GPU, its own ``_topk_topp_kernel`` (the monolithic kernel; its split top-p
+pipeline for <= 64 rows is not ported yet) and the same PyTorch path.
+
+    SPECDIFF_VLLM=0.33.0 python benchmarks/topk_topp.py [--rows 64,256] [--out reports/bench]
+
+Every timed call starts from a fresh copy of the logits (the mask is in place): the copy's own time
+is reported and included in every row alike. After timing, outputs are compared: our Triton
+kernel with the C++ port bit for bit (both state C35); vLLM's kernel and its PyTorch path by the
+rows whose kept set differs from C35's (legitimate: docs/topk_topp.md, "vLLM's two paths").
+
+Then the standalone top-p overflow probe: rows of N(0, 2.5) logits with one confident token at 35,
+at temperature 0.1 (logits x 10), p = 0.9, 128 rows (more than 64: vLLM's CUDA path sends them to
+the monolithic kernel). vLLM's kernel shifts exp by avg + 10 std of its first 8192-wide tile; the
+confident token lies further above that than float32's exp can reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conformance import engine  # noqa: E402
+from conformance.strategies.topk_topp import tables  # noqa: E402
+from cpu_impl.topk_topp import _topk_topp_kernel as port  # noqa: E402
+
+V = 151_936
+MODES = {"top-k 50": (50, None), "top-p 0.9": (None, 0.9), "top-k 50 + top-p 0.9": (50, 0.9)}
+
+
+def logits(rows: int, seed: int = 0) -> torch.Tensor:
+    """N(0, 2.5) logits with one confident token per row (a peaked distribution, as decoding sees)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, V, generator=g) * 2.5
+    x[torch.arange(rows), torch.randint(0, V, (rows,), generator=g)] = 20.0
+    return x
+
+
+def launch_args(x: torch.Tensor, k: int | None, p: float | None, programs: int, block: int, trunc: int) -> dict[str, Any]:
+    b = x.shape[0]
+    pct, cdf = (t.to(x.device) for t in tables())
+    return dict(LOGITS=x, LOGITS_STRIDE_0=x.stride(0), BUFFER=torch.empty(programs, V, device=x.device), PERCENTILE_TO_STD_TABLE=pct,
+                NORMAL_CDF_TO_SIGMA_TABLE=cdf, K=None if k is None else torch.full((b,), k, dtype=torch.int32, device=x.device),
+                P=None if p is None else torch.full((b,), p, dtype=torch.float32, device=x.device), BATCH_SIZE=b, VOCAB_SIZE=V,
+                MASK_VALUE=float("-inf"), BLOCK_SIZE=block, BLOCK_SIZE_TRUNC=trunc, TOPK_ENABLED=k is not None,
+                TOPP_ENABLED=p is not None, SPLIT_COVERS_PONLY=False)
+
+
+def median_ms(fn: Any, cuda: bool, reps: int) -> float:
+    if cuda:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=10, rep=200, return_mode="median"))
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def kept(x: torch.Tensor) -> torch.Tensor:
+    return x != float("-inf")
+
+
+def vllm_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's own pivot tables (its heuristic reads them; C35 does not), from its source."""
+    mod = "vllm.v1.sample.ops.topk_topp_triton."
+    return tuple(torch.tensor(engine.loader().kernel(mod + name), device=device)  # type: ignore[return-value]
+                 for name in ("_PERCENTILE_TO_STD_TABLE", "_NORMAL_CDF_TO_SIGMA_TABLE"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="64,256")
+    parser.add_argument("--reps", type=int, default=5, help="CPU repetitions (the median is reported)")
+    parser.add_argument("--out", default="reports/bench")
+    ns = parser.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    engine.use(engine.named() or "0.33.0")
+    loader = engine.loader()
+    pytorch_path = loader.kernel("vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch")
+    vllm_kernel = loader.kernel("vllm.v1.sample.ops.topk_topp_triton._topk_topp_kernel") if cuda else None
+    if cuda:
+        from triton_impl.topk_topp import _topk_topp_kernel as ours
+    device = torch.device("cuda" if cuda else "cpu")
+    where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
+    rows_out, ok = [], True
+    for b in (int(r) for r in ns.rows.split(",")):
+        src_host = logits(b)
+        src = src_host.to(device)
+        work = torch.empty_like(src)
+        for mode, (k, p) in MODES.items():
+            row: dict[str, Any] = {"rows": b, "mode": mode}
+            kt = None if k is None else torch.full((b,), k, dtype=torch.int64, device=device)
+            pt = None if p is None else torch.full((b,), p, dtype=torch.float32, device=device)
+            row["copy_ms"] = median_ms(lambda: work.copy_(src), cuda, ns.reps)
+            # vLLM's PyTorch path: allow_cpu_sync as its CPU platform sets it (top-k alone then skips the sort).
+            row["vllm_pytorch_ms"] = median_ms(lambda: pytorch_path(work.copy_(src), kt, pt, allow_cpu_sync=not cuda), cuda, ns.reps)
+            # The C++ port on the host (the conformance oracle holds it to C35 bit for bit).
+            a_host = launch_args(src_host.clone(), k, p, 1, 8192, 4096)
+            if not cuda:
+                row["cpp_port_ms"] = median_ms(lambda: (a_host["LOGITS"].copy_(src_host), port[(1,)](**a_host)), False, ns.reps)
+            a_host["LOGITS"].copy_(src_host)
+            port[(1,)](**a_host)
+            port_out = a_host["LOGITS"]
+            torch_out = pytorch_path(src.clone(), kt, pt, allow_cpu_sync=not cuda).cpu()
+            row["vllm_pytorch_rows_differing"] = int((kept(torch_out) != kept(port_out)).any(1).sum())
+            if cuda:
+                programs = min(torch.cuda.get_device_properties(0).multi_processor_count, b)
+                for name, kernel in (("triton", ours), ("vllm_triton", vllm_kernel)):
+                    a = launch_args(work, k, p, programs, 8192, 4096)
+                    if name == "vllm_triton":
+                        a["PERCENTILE_TO_STD_TABLE"], a["NORMAL_CDF_TO_SIGMA_TABLE"] = vllm_tables(device)
+                    run = kernel[(programs,)]
+                    row[f"{name}_ms"] = median_ms(lambda run=run, a=a: (work.copy_(src), run(**a, num_warps=8)), True, 0)
+                    work.copy_(src)
+                    run(**a, num_warps=8)
+                    torch.cuda.synchronize()
+                    out = work.cpu()
+                    if name == "triton":
+                        same = torch.equal(out.view(torch.int32), port_out.view(torch.int32))
+                        row["triton_equals_port"] = same
+                        ok &= same
+                    else:
+                        row["vllm_triton_rows_differing"] = int((kept(out) != kept(port_out)).any(1).sum())
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
+    probe: dict[str, Any] = {}
+    if cuda:
+        b = 128
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(b, V, generator=g) * 2.5
+        x[torch.arange(b), torch.randint(0, V, (b,), generator=g)] = 35.0
+        x = (x * 10).to(device)
+        programs = min(torch.cuda.get_device_properties(0).multi_processor_count, b)
+        for name, kernel in (("ours", ours), ("vllm", vllm_kernel)):
+            a = launch_args(x.clone(), None, 0.9, programs, 8192, 4096)
+            if name == "vllm":
+                a["PERCENTILE_TO_STD_TABLE"], a["NORMAL_CDF_TO_SIGMA_TABLE"] = vllm_tables(device)
+            kernel[(programs,)](**a, num_warps=8)
+            torch.cuda.synchronize()
+            n = kept(a["LOGITS"]).sum(1)
+            probe[name] = {"rows_unmasked": int((n == V).sum()), "kept_min": int(n.min()), "kept_max": int(n.max())}
+        print("overflow probe (128 rows, T = 0.1, p = 0.9):", json.dumps(probe), flush=True)
+    lines = [f"{where}, torch {torch.__version__}; vocabulary {V}; medians in ms, each call including a fresh copy of the logits", "",
+             "| rows | mode | copy | vLLM PyTorch path | " + ("ours (Triton) | vLLM Triton | " if cuda else "C++ port | ")
+             + "rows where vLLM's PyTorch path keeps another set" + (" | rows where vLLM's Triton does |" if cuda else " |"),
+             "|---|---|---|---|" + ("---|---|" if cuda else "---|") + ("---|---|" if cuda else "---|")]
+    for r in rows_out:
+        mid = (f"{r['triton_ms']:.3f} | {r['vllm_triton_ms']:.3f} | " if cuda else f"{r['cpp_port_ms']:.2f} | ")
+        tail = f"{r['vllm_pytorch_rows_differing']}" + (f" | {r['vllm_triton_rows_differing']}" if cuda else "")
+        lines.append(f"| {r['rows']} | {r['mode']} | {r['copy_ms']:.3f} | {r['vllm_pytorch_ms']:.3f} | {mid}{tail} |")
+    text = "\n".join(lines)
+    print(text)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "gpu" if cuda else "cpu"
+    (out / f"topk-topp-{tag}.md").write_text(text + "\n")
+    (out / f"topk-topp-{tag}.json").write_text(json.dumps({"device": where, "rows": rows_out, "overflow_probe": probe}, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
