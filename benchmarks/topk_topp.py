@@ -80,6 +80,49 @@ def vllm_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
                  for name in ("_PERCENTILE_TO_STD_TABLE", "_NORMAL_CDF_TO_SIGMA_TABLE"))
 
 
+def measure(b: int, mode: str, k: int | None, p: float | None, cuda: bool, reps: int, pytorch_path: Any, vllm_kernel: Any) -> dict[str, Any]:
+    """One row of the table: every implementation's median time on ``b`` rows, and how its output compares."""
+    device = torch.device("cuda" if cuda else "cpu")
+    src_host = logits(b)
+    src = src_host.to(device)
+    work = torch.empty_like(src)
+    row: dict[str, Any] = {"rows": b, "mode": mode}
+    kt = None if k is None else torch.full((b,), k, dtype=torch.int64, device=device)
+    pt = None if p is None else torch.full((b,), p, dtype=torch.float32, device=device)
+    row["copy_ms"] = median_ms(lambda: work.copy_(src), cuda, reps)
+    # vLLM's PyTorch path: allow_cpu_sync as its CPU platform sets it (top-k alone then skips the sort).
+    row["vllm_pytorch_ms"] = median_ms(lambda: pytorch_path(work.copy_(src), kt, pt, allow_cpu_sync=not cuda), cuda, reps)
+    # The C++ port on the host (the conformance oracle holds it to C35 bit for bit).
+    a_host = launch_args(src_host.clone(), k, p, 1, 8192, 4096)
+    if not cuda:
+        row["cpp_port_ms"] = median_ms(lambda: (a_host["LOGITS"].copy_(src_host), port[(1,)](**a_host)), False, reps)
+    a_host["LOGITS"].copy_(src_host)
+    port[(1,)](**a_host)
+    port_out = a_host["LOGITS"]
+    torch_out = pytorch_path(src.clone(), kt, pt, allow_cpu_sync=not cuda).cpu()
+    row["vllm_pytorch_rows_differing"] = int((kept(torch_out) != kept(port_out)).any(1).sum())
+    if cuda:
+        from triton_impl.topk_topp import _topk_topp_kernel as ours
+
+        programs = min(torch.cuda.get_device_properties(0).multi_processor_count, b)
+        for name, kernel in (("triton", ours), ("vllm_triton", vllm_kernel)):
+            a = launch_args(work, k, p, programs, 8192, 4096)
+            if name == "vllm_triton":
+                a["PERCENTILE_TO_STD_TABLE"], a["NORMAL_CDF_TO_SIGMA_TABLE"] = vllm_tables(device)
+            run = kernel[(programs,)]
+            row[f"{name}_ms"] = median_ms(lambda run=run, a=a: (work.copy_(src), run(**a, num_warps=8)), True, 0)
+            work.copy_(src)
+            run(**a, num_warps=8)
+            torch.cuda.synchronize()
+            out = work.cpu()
+            if name == "triton":
+                row["triton_equals_port"] = torch.equal(out.view(torch.int32), port_out.view(torch.int32))
+            else:
+                row["vllm_triton_rows_differing"] = int((kept(out) != kept(port_out)).any(1).sum())
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="64,256")
@@ -91,53 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     loader = engine.loader()
     pytorch_path = loader.kernel("vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch")
     vllm_kernel = loader.kernel("vllm.v1.sample.ops.topk_topp_triton._topk_topp_kernel") if cuda else None
-    if cuda:
-        from triton_impl.topk_topp import _topk_topp_kernel as ours
     device = torch.device("cuda" if cuda else "cpu")
     where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
-    rows_out, ok = [], True
-    for b in (int(r) for r in ns.rows.split(",")):
-        src_host = logits(b)
-        src = src_host.to(device)
-        work = torch.empty_like(src)
-        for mode, (k, p) in MODES.items():
-            row: dict[str, Any] = {"rows": b, "mode": mode}
-            kt = None if k is None else torch.full((b,), k, dtype=torch.int64, device=device)
-            pt = None if p is None else torch.full((b,), p, dtype=torch.float32, device=device)
-            row["copy_ms"] = median_ms(lambda: work.copy_(src), cuda, ns.reps)
-            # vLLM's PyTorch path: allow_cpu_sync as its CPU platform sets it (top-k alone then skips the sort).
-            row["vllm_pytorch_ms"] = median_ms(lambda: pytorch_path(work.copy_(src), kt, pt, allow_cpu_sync=not cuda), cuda, ns.reps)
-            # The C++ port on the host (the conformance oracle holds it to C35 bit for bit).
-            a_host = launch_args(src_host.clone(), k, p, 1, 8192, 4096)
-            if not cuda:
-                row["cpp_port_ms"] = median_ms(lambda: (a_host["LOGITS"].copy_(src_host), port[(1,)](**a_host)), False, ns.reps)
-            a_host["LOGITS"].copy_(src_host)
-            port[(1,)](**a_host)
-            port_out = a_host["LOGITS"]
-            torch_out = pytorch_path(src.clone(), kt, pt, allow_cpu_sync=not cuda).cpu()
-            row["vllm_pytorch_rows_differing"] = int((kept(torch_out) != kept(port_out)).any(1).sum())
-            if cuda:
-                programs = min(torch.cuda.get_device_properties(0).multi_processor_count, b)
-                for name, kernel in (("triton", ours), ("vllm_triton", vllm_kernel)):
-                    a = launch_args(work, k, p, programs, 8192, 4096)
-                    if name == "vllm_triton":
-                        a["PERCENTILE_TO_STD_TABLE"], a["NORMAL_CDF_TO_SIGMA_TABLE"] = vllm_tables(device)
-                    run = kernel[(programs,)]
-                    row[f"{name}_ms"] = median_ms(lambda run=run, a=a: (work.copy_(src), run(**a, num_warps=8)), True, 0)
-                    work.copy_(src)
-                    run(**a, num_warps=8)
-                    torch.cuda.synchronize()
-                    out = work.cpu()
-                    if name == "triton":
-                        same = torch.equal(out.view(torch.int32), port_out.view(torch.int32))
-                        row["triton_equals_port"] = same
-                        ok &= same
-                    else:
-                        row["vllm_triton_rows_differing"] = int((kept(out) != kept(port_out)).any(1).sum())
-            rows_out.append(row)
-            print(json.dumps(row), flush=True)
+    rows_out = [measure(b, mode, k, p, cuda, ns.reps, pytorch_path, vllm_kernel)
+                for b in (int(r) for r in ns.rows.split(",")) for mode, (k, p) in MODES.items()]
+    ok = all(r.get("triton_equals_port", True) for r in rows_out)
     probe: dict[str, Any] = {}
     if cuda:
+        from triton_impl.topk_topp import _topk_topp_kernel as ours
+
         b = 128
         g = torch.Generator().manual_seed(1)
         x = torch.randn(b, V, generator=g) * 2.5

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import BACKENDS as BACKEND_NAMES
 from support import f32, i32, refused, run
 
+from conformance import compositions
 from conformance.backends import BACKENDS
 from conformance.kernels import topk_topp as contracts
 from conformance.runner import run_case
@@ -207,3 +209,64 @@ def test_nan_and_plus_inf_logits_are_refused(backend, bad):
     rows = [TIES, TIES]
     rows[1] = [*TIES[:5], bad, *TIES[6:]]
     refused(backend, K, args(rows, [2, 2]), ValueError, "LOGITS")
+
+
+# -- vLLM's other path: apply_top_k_top_p_pytorch, by set relations (docs/topk_topp.md) -------------
+@pytest.fixture(scope="module")
+def pytorch_path():
+    from support import vllm_spec
+
+    from conformance import engine
+
+    spec = vllm_spec()
+    if spec is None:
+        pytest.skip("no vLLM: set SPECDIFF_VLLM or run `nox -s engine` once")
+    before = engine.named()
+    engine.use(spec)
+    yield engine.loader().kernel("vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch")
+    engine.use(before or "")
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Rows of the conformance kinds; k in [1, V] (vLLM's samplers clamp it there), p in (0, 1]."""
+    from conformance.strategies.topk_topp import ROWS, VOCABS, _row
+
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    b, v = draw(st.integers(1, 4)), draw(st.sampled_from(VOCABS[1:]))
+    x = torch.stack([_row(draw(st.sampled_from(ROWS)), g, v) for _ in range(b)])
+    topk, topp = draw(st.sampled_from([(True, False), (False, True), (True, True)]))
+    k = torch.tensor([draw(st.integers(1, v)) for _ in range(b)]) if topk else None
+    p = torch.tensor([draw(st.sampled_from([0.5, 0.9, 1.0, 0.25, 1e-8])) for _ in range(b)], dtype=torch.float32) if topp else None
+    return x, k, p
+
+
+@settings(max_examples=60)
+@given(batch=batches(), sync=st.booleans())
+def test_vllms_pytorch_path_keeps_a_superset_at_ties_and_the_same_mass(pytorch_path, batch, sync):
+    """Top-k: C35's set is inside PyTorch's, which adds only logits equal to the k-th (it keeps every
+    tie). Top-p: every token the two paths decide differently is a tie of the other's boundary, or
+    sits where the mass before it is within 1e-5 of p (float32 softmax and cumsum); at p = 1 PyTorch
+    may also drop a token whose float32 probability is 0."""
+    x, k, p = batch
+    ours = compositions.apply_top_k_top_p(x.clone(), k, p, backend="cpu")
+    theirs = pytorch_path(x.clone(), k, p, allow_cpu_sync=sync)
+    for r in range(x.shape[0]):
+        row, a, b = x[r], ours[r] > -INF, theirs[r] > -INF
+        kr = int(k[r]) if k is not None else None
+        if p is None:
+            assert bool((a & ~b).sum() == 0), f"row {r}: C35 keeps what PyTorch masks"
+            vk = torch.sort(row, descending=True).values[kr - 1]
+            assert bool((row[b & ~a] == vk).all()), f"row {r}: PyTorch keeps more than the k-th's ties"
+            continue
+        order = torch.sort(row, descending=True, stable=True).indices
+        s = order[:kr] if kr is not None and kr < row.numel() and int((row > -INF).sum()) > kr else order
+        prob = torch.softmax(row[s].double(), 0)
+        before = {int(c): float(m) for c, m in zip(s, torch.cumsum(prob, 0) - prob)}
+        pr = float(p[r])
+        for c in (a ^ b).nonzero().flatten().tolist():
+            boundary = [row[m] for m in (s[a[s]][-1:].tolist() + s[b[s]][-1:].tolist())]
+            tie = any(row[c] == v for v in boundary)
+            near = c in before and abs(before[c] - pr) <= 1e-5
+            underflow = pr >= 1.0 and b[c].item() is False and float(torch.softmax(row[s], 0)[(s == c).nonzero()[0]]) == 0.0 if c in before else False
+            assert tie or near or underflow, f"row {r}, column {c}: C35 {'keeps' if a[c] else 'masks'} it, PyTorch does not"
