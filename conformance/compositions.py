@@ -32,6 +32,8 @@ class SamplingMetadata:
     all_greedy: bool
     all_random: bool
     generators: dict[int, torch.Generator] = field(default_factory=dict)
+    top_k: torch.Tensor | None = None  # [B] int; None: no top-k
+    top_p: torch.Tensor | None = None  # float32 [B]; None: no top-p
 
 
 def launch(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
@@ -347,7 +349,27 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
            TOPP_ENABLED=p is not None, SPLIT_COVERS_PONLY=False)
     return logits
 
+
+def apply_sampling_constraints(logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: SamplingMetadata,
+                               *, backend: str) -> torch.Tensor:
+    """V1's ``apply_sampling_constraints`` (vllm/v1/sample/rejection_sampler.py:589-645): all greedy
+    returns ``logits`` untouched; otherwise the per-request temperature (0, greedy, read as 1), top-k
+    and top-p are expanded to the draft tokens through ``expand_kernel``, ``logits`` is divided in place,
+    and the mask applied (``apply_top_k_top_p`` on ``backend``)."""
+    if sampling_metadata.all_greedy:
+        return logits
+    n = logits.shape[0]
+    # vLLM passes its GREEDY_TEMPERATURE, the int 0 (a tl.constexpr), to the kernel.
+    temperature = expand_batch_to_tokens(sampling_metadata.temperature, cu_num_draft_tokens, n, replace_from=int(GREEDY_TEMPERATURE),
+                                         replace_to=1, backend=backend)
+    logits.div_(temperature.unsqueeze(-1))
+    k, p = sampling_metadata.top_k, sampling_metadata.top_p
+    top_k = None if k is None else expand_batch_to_tokens(k, cu_num_draft_tokens, n, backend=backend)
+    top_p = None if p is None else expand_batch_to_tokens(p, cu_num_draft_tokens, n, backend=backend)
+    return apply_top_k_top_p(logits, top_k, top_p, backend=backend)
+
 __all__ = [
+    "apply_sampling_constraints",
     "apply_top_k_top_p",
     "SamplingMetadata",
     "compute_fly_entropy",

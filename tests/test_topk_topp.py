@@ -270,3 +270,38 @@ def test_vllms_pytorch_path_keeps_a_superset_at_ties_and_the_same_mass(pytorch_p
             near = c in before and abs(before[c] - pr) <= 1e-5
             underflow = pr >= 1.0 and b[c].item() is False and float(torch.softmax(row[s], 0)[(s == c).nonzero()[0]]) == 0.0 if c in before else False
             assert tie or near or underflow, f"row {r}, column {c}: C35 {'keeps' if a[c] else 'masks'} it, PyTorch does not"
+
+
+# -- V1's apply_sampling_constraints, end to end -------------------------------------------------------
+@settings(max_examples=15)
+@given(data=st.data())
+def test_apply_sampling_constraints_three_ways(data):
+    """Temperature, top-k and top-p per request, expanded to the draft tokens (a greedy request's
+    temperature read as 1): the three backends agree bit for bit, and each token's row is the oracle's
+    mask of its logits divided by its request's temperature."""
+    from conformance.compositions import SamplingMetadata, apply_sampling_constraints
+
+    b = data.draw(st.integers(1, 4))
+    n = data.draw(st.lists(st.integers(0, 3), min_size=b, max_size=b))
+    v = data.draw(st.sampled_from([5, 33]))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    logits = torch.randn(sum(n), v, generator=g) * 3
+    temp = torch.tensor([data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])) for _ in range(b)])
+    k = torch.tensor([data.draw(st.integers(1, v)) for _ in range(b)]) if data.draw(st.booleans()) else None
+    p = torch.tensor([data.draw(st.sampled_from([0.3, 0.9, 1.0])) for _ in range(b)]) if data.draw(st.booleans()) else None
+    meta = SamplingMetadata(temp, False, bool((temp > 0).all()), top_k=k, top_p=p)
+    cu = torch.cumsum(torch.tensor(n), 0).to(torch.int32)
+    outs = {be: apply_sampling_constraints(logits.clone(), cu, meta, backend=be) for be in ("reference", "triton", "cpu")}
+    for be in ("triton", "cpu"):
+        assert torch.equal(outs[be].view(torch.int32), outs["reference"].view(torch.int32)), be
+    request = torch.repeat_interleave(torch.arange(b), torch.tensor(n))
+    for t in range(sum(n)):
+        r = int(request[t])
+        want = (logits[t] / (temp[r] if temp[r] > 0 else 1.0))[None].clone()
+        a = args(want.tolist(), None if k is None else [int(k[r])], None if p is None else [float(p[r])], programs=1)
+        if k is not None or p is not None:
+            launch("reference", a)
+        assert torch.equal(outs["reference"][t].view(torch.int32), a["LOGITS"][0].view(torch.int32)), f"token {t}"
+    greedy = SamplingMetadata(None, True, False)
+    x = logits.clone()
+    assert apply_sampling_constraints(x, cu, greedy, backend="cpu") is x and torch.equal(x, logits)
