@@ -2,12 +2,14 @@
 ``(programs,)`` (docs/topk_topp.md, C35).
 
 vLLM's body searches value pivots with an absolute tolerance (1e-9) and an 18-round cap. This one
-finds C35's exact cut-offs by bisection over an order-preserving integer key of the float32 logits:
-the largest key whose rank count (top-k) or integer mass (top-p) from the top reaches the target,
-at most 33 halvings of the key range, each a pass over the row. Its result therefore depends on no
-tile size: BLOCK_SIZE only tiles the passes, and the workspace and vLLM's pivot tables go unread.
-The row index is cast with ``tl.cast`` (the interpreter makes a ``tl.range`` variable a Python
-int, on which vLLM's ``row_id.to(tl.int64)`` fails).
+finds C35's exact cut-offs over an order-preserving integer key of the float32 logits: the largest
+key whose rank count (top-k) or integer mass (top-p) from the top reaches the target. With top-k,
+one pass counts the keys per 12-bit bin, a second copies the k-th key's bin and everything above it
+into the row's workspace, and the bisections (at most 20 halvings for top-k, 33 for top-p) read
+only those candidates; without top-k, top-p bisects over the whole row. The result depends on no
+tile size and no workspace contents (it is written before it is read); vLLM's pivot tables go
+unread. The row index is cast with ``tl.cast`` (the interpreter makes a ``tl.range`` variable a
+Python int, on which vLLM's ``row_id.to(tl.int64)`` fails).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import triton.language as tl
 
 from triton_impl.gumbel import exp32
 
+BINS = tl.constexpr(4096)
+
 
 @triton.jit
 def _key(x):
@@ -24,6 +28,12 @@ def _key(x):
     # logits tie. Negative floats have their magnitude bits flipped; the map is its own inverse.
     bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
     return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+
+
+@triton.jit
+def _bin(key):
+    # The top 12 bits of the key as unsigned: 4096 bins in value order.
+    return ((key + 2**31) >> 20).to(tl.int32)
 
 
 @triton.jit
@@ -59,23 +69,26 @@ def _topk_topp_kernel(
     NUM_TILES: tl.constexpr = (VOCAB_SIZE + BLOCK_SIZE - 1) // BLOCK_SIZE
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
+    bins = tl.arange(0, BINS)
+    scratch = BUFFER + tl.cast(pid, tl.int64) * VOCAB_SIZE
     for row_id in tl.range(pid, BATCH_SIZE, num_programs):
         row = LOGITS + tl.cast(row_id, tl.int64) * LOGITS_STRIDE_0
 
-        # The row's maximum, its smallest and largest keys, and its finite count.
+        # The row's maximum, largest key and finite count, and how many keys share each top 12 bits
+        # (padding lanes fall in bin 0, which no logit reaches: -inf is bin 7).
         row_max = -float("inf")
-        key_lo = tl.full((), 2**31, tl.int64)
         key_hi = tl.full((), -(2**31) - 1, tl.int64)
         finite = tl.zeros((), tl.int32)
+        hist = tl.zeros((BINS,), tl.int32)
         for t in range(0, NUM_TILES):
             offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
             inside = offs < VOCAB_SIZE
             x = tl.load(row + offs, mask=inside, other=-float("inf"))
             key = _key(x)
             row_max = tl.maximum(row_max, tl.max(x))
-            key_lo = tl.minimum(key_lo, tl.min(tl.where(inside, key, 2**31)))
             key_hi = tl.maximum(key_hi, tl.max(tl.where(inside, key, -(2**31) - 1)))
             finite += tl.sum((inside & (x > -float("inf"))).to(tl.int32))
+            hist += tl.histogram(tl.where(inside, _bin(key), 0), BINS)
 
         # Which steps apply (reference/topk_topp.applies).
         k = tl.full((), VOCAB_SIZE, tl.int64)
@@ -90,22 +103,38 @@ def _topk_topp_kernel(
             if SPLIT_COVERS_PONLY and TOPK_ENABLED:
                 do_topp = do_topp & (k < VOCAB_SIZE)
 
-        # The cut-off: values keyed above `pivot` are kept, and the first `ties` keyed at it.
-        pivot = key_lo - 1
+        # The cut-off: values keyed above `pivot` are kept, and the first `ties` keyed at it. The
+        # searches read `src`, `n` values: the row, or (with top-k) the workspace's compacted candidates.
+        pivot = tl.full((), -(2**31) - 1, tl.int64)
         ties = tl.zeros((), tl.int64)
+        src = row
+        n = tl.full((), VOCAB_SIZE, tl.int32)
         if do_topk:
-            # Largest key c with count(key >= c) >= k; `above` counts the keys >= hi.
-            lo = key_lo
-            hi = key_hi + 1
-            above = tl.zeros((), tl.int64)
+            # The bin holding the k-th key: the highest whose count from the top reaches k. Every key
+            # in it or above goes to the workspace, in column order.
+            from_top = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+            b_k = tl.max(tl.where(from_top >= k, bins, 0), 0)
+            n = tl.zeros((), tl.int32)
+            for t in range(0, NUM_TILES):
+                offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+                inside = offs < VOCAB_SIZE
+                x = tl.load(row + offs, mask=inside, other=-float("inf"))
+                take = inside & (_bin(_key(x)) >= b_k)
+                at = n + tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(scratch + at, x, mask=take)
+                n += tl.sum(take.to(tl.int32))
+            src = scratch
+            # Largest key c with count(key >= c) >= k, within the bin; `above` counts the keys >= hi.
+            lo = b_k.to(tl.int64) * 1048576 - 2**31
+            hi = lo + 1048576
+            above = tl.sum(tl.where(bins > b_k, hist, 0), 0).to(tl.int64)
             while hi - lo > 1:
                 mid = lo + (hi - lo) // 2
                 count = tl.zeros((), tl.int64)
-                for t in range(0, NUM_TILES):
+                for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
                     offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-                    inside = offs < VOCAB_SIZE
-                    key = _key(tl.load(row + offs, mask=inside, other=-float("inf")))
-                    count += tl.sum((inside & (key >= mid)).to(tl.int64))
+                    key = _key(tl.load(src + offs, mask=offs < n, other=-float("inf")))
+                    count += tl.sum(((offs < n) & (key >= mid)).to(tl.int64))
                 if count >= k:
                     lo = mid
                 else:
@@ -117,11 +146,10 @@ def _topk_topp_kernel(
             # Z: the mass top-k kept (all of the row without top-k), and the mass above its cut-off.
             tie_weight = _weight(_value(pivot), row_max)
             over = tl.zeros((), tl.int64)
-            for t in range(0, NUM_TILES):
+            for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
                 offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-                inside = offs < VOCAB_SIZE
-                x = tl.load(row + offs, mask=inside, other=-float("inf"))
-                over += tl.sum(tl.where(inside & (_key(x) > pivot), _weight(x, row_max), 0))
+                x = tl.load(src + offs, mask=offs < n, other=-float("inf"))
+                over += tl.sum(tl.where((offs < n) & (_key(x) > pivot), _weight(x, row_max), 0))
             total = over
             if do_topk:
                 total = over + ties * tie_weight
@@ -137,11 +165,10 @@ def _topk_topp_kernel(
                 while hi - lo > 1:
                     mid = lo + (hi - lo) // 2
                     mass = tl.zeros((), tl.int64)
-                    for t in range(0, NUM_TILES):
+                    for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
                         offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-                        inside = offs < VOCAB_SIZE
-                        x = tl.load(row + offs, mask=inside, other=-float("inf"))
-                        mass += tl.sum(tl.where(inside & (_key(x) >= mid), _weight(x, row_max), 0))
+                        x = tl.load(src + offs, mask=offs < n, other=-float("inf"))
+                        mass += tl.sum(tl.where((offs < n) & (_key(x) >= mid), _weight(x, row_max), 0))
                     if mass >= need:
                         lo = mid
                     else:
@@ -151,7 +178,7 @@ def _topk_topp_kernel(
                 tie_weight = _weight(_value(pivot), row_max)
                 ties = (need - above + tie_weight - 1) // tie_weight
             else:
-                # The prefix reaches p among top-k's ties: fewer of them (all of them without top-k).
+                # The prefix reaches p among top-k's ties: fewer of them.
                 ties = (need - over + tie_weight - 1) // tie_weight
 
         # Mask everything but the cut-off's survivors, ties taken in column order.
