@@ -6,7 +6,8 @@ finds C35's exact cut-offs over an order-preserving integer key of the float32 l
 key whose rank count (top-k) or integer mass (top-p) from the top reaches the target, by at most
 33 halvings of the key range. With top-k, one pass copies the logits above a Gaussian guess at the
 k-th into the row's workspace; when at least k pass, both bisections read only those candidates
-(otherwise the whole row). Without top-k, top-p bisects over the whole row. The result depends on no
+(otherwise the whole row). Without top-k, top-p's candidates are the logits above a Gaussian guess
+whose mass reaches p, or failing that every logit within 23 of the maximum (the rest weigh 0). The result depends on no
 tile size and no workspace contents (it is written before it is read); vLLM's pivot tables go
 unread. The row index is cast with ``tl.cast`` (the interpreter makes a ``tl.range`` variable a
 Python int, on which vLLM's ``row_id.to(tl.int64)`` fails).
@@ -29,20 +30,37 @@ def _key(x):
 
 
 @triton.jit
-def _guess(row, k, VOCAB_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    # A logit a little below the k-th largest, were the row Gaussian with its first tile's mean and
-    # spread: the normal quantile of 1 - k / V (Abramowitz and Stegun 26.2.23), lowered by 15 % as
-    # vLLM lowers its table's. Speed only: any guess gives the same result.
+def _moments(row, VOCAB_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # Mean and spread of the first tile's finite logits (the guesses' Gaussian model).
     offs = tl.arange(0, BLOCK_SIZE)
     x = tl.load(row + offs, mask=offs < VOCAB_SIZE, other=-float("inf"))
     live = x > -float("inf")
     m = tl.maximum(tl.sum(live.to(tl.float32)), 1.0)
     avg = tl.sum(tl.where(live, x, 0.0)) / m
-    std = tl.sqrt(tl.maximum(tl.sum(tl.where(live, x * x, 0.0)) / m - avg * avg, 0.0))
-    q = tl.minimum(k.to(tl.float32) / VOCAB_SIZE, 0.5)
+    return avg, tl.sqrt(tl.maximum(tl.sum(tl.where(live, x * x, 0.0)) / m - avg * avg, 0.0))
+
+
+@triton.jit
+def _upper_quantile(q):
+    # The standard normal's quantile of 1 - q for q in (0, 0.5] (Abramowitz and Stegun 26.2.23).
     t = tl.sqrt(-2.0 * tl.log(q))
-    z = t - (2.515517 + t * (0.802853 + t * 0.010328)) / (1.0 + t * (1.432788 + t * (0.189269 + t * 0.001308)))
-    return avg + std * (z - 0.15 * tl.abs(z))
+    return t - (2.515517 + t * (0.802853 + t * 0.010328)) / (1.0 + t * (1.432788 + t * (0.189269 + t * 0.001308)))
+
+
+@triton.jit
+def _compact(row, scratch, floor, row_max, VOCAB_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # Copies the logits above `floor`, in column order, into the workspace; returns their count and mass.
+    n = tl.zeros((), tl.int32)
+    mass = tl.zeros((), tl.int64)
+    for t in range(0, (VOCAB_SIZE + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        inside = offs < VOCAB_SIZE
+        x = tl.load(row + offs, mask=inside, other=-float("inf"))
+        take = inside & (x > floor)
+        tl.store(scratch + n + tl.cumsum(take.to(tl.int32), 0) - 1, x, mask=take)
+        n += tl.sum(take.to(tl.int32))
+        mass += tl.sum(tl.where(take, _weight(x, row_max), 0))
+    return n, mass
 
 
 @triton.jit
@@ -120,16 +138,11 @@ def _topk_topp_kernel(
             # Candidates: the logits above a guess at the k-th (the Gaussian quantile of k / V from the
             # first tile, lowered by a margin), copied in column order into the row's workspace. When
             # at least k pass, every key down to the k-th is among them; otherwise the row is searched.
-            guess = _guess(row, k, VOCAB_SIZE, BLOCK_SIZE)
-            n = tl.zeros((), tl.int32)
-            for t in range(0, NUM_TILES):
-                offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-                inside = offs < VOCAB_SIZE
-                x = tl.load(row + offs, mask=inside, other=-float("inf"))
-                take = inside & (x > guess)
-                at = n + tl.cumsum(take.to(tl.int32), 0) - 1
-                tl.store(scratch + at, x, mask=take)
-                n += tl.sum(take.to(tl.int32))
+            # Speed only: any guess gives the same result.
+            avg, std = _moments(row, VOCAB_SIZE, BLOCK_SIZE)
+            z = _upper_quantile(tl.minimum(k.to(tl.float32) / VOCAB_SIZE, 0.5))
+            guess = avg + std * (z - 0.15 * tl.abs(z))  # lowered by 15 %, as vLLM lowers its table's
+            n, _ = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE)
             lo = key_lo
             if n >= k:
                 src = scratch
@@ -168,6 +181,23 @@ def _topk_topp_kernel(
             need_f = p.to(tl.float64) * total.to(tl.float64)
             need = need_f.to(tl.int64)
             need = tl.where(need.to(tl.float64) < need_f, need + 1, need)
+            if do_topk:
+                pass
+            else:
+                # Candidates: the logits above a guess whose mass reaches p were the row Gaussian (its
+                # softmax mass is then Gaussian with mean avg + std**2), else every logit within 23
+                # of the maximum (below that a weight is 0): their mass is Z.
+                avg, std = _moments(row, VOCAB_SIZE, BLOCK_SIZE)
+                zp = tl.where(p >= 0.5, _upper_quantile(tl.maximum(1.0 - p, 1e-30)), -_upper_quantile(tl.minimum(p, 0.5)))
+                floor = row_max - 23.0
+                guess = avg + std * std - std * (1.15 * zp + 0.5)
+                guess = tl.where((guess > floor) & (guess < row_max), guess, floor)
+                n, over = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE)
+                if over < need:
+                    guess = floor
+                    n, over = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE)
+                src = scratch
+                pivot = _key(guess)
             if over >= need:
                 # Largest key c > pivot with mass(key >= c) >= need; `above` is the mass of keys >= hi.
                 lo = pivot + 1
