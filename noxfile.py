@@ -9,6 +9,7 @@
     nox -s threads       the C++ port bit-identical at 1, 2, 3 and all OpenMP threads
     nox -s fuzz          malformed launches: clean TypeError/ValueError, nothing touched
     nox -s mutants       the catalogue of planted faults (conformance/mutants.toml) and its kill matrix
+    nox -s nightly       every planted fault (C++ included), then conformance under the nightly profile
     nox -s sanitize      the C++ port under AddressSanitizer + UBSan: conformance, fuzz, threads (-- --sanitizer thread: TSan)
     nox -s compile       every Triton kernel compiled for sm_90 (no GPU): the type errors the interpreter misses
     nox -s gate -- REF   nightly profile on the kernels changed since REF, ci profile on the rest
@@ -231,6 +232,16 @@ def mutants(session: nox.Session) -> None:
     """
     install_deps(session)
     session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants.xml", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def nightly(session: nox.Session) -> None:
+    """What does not fit CI's 45 minutes: the whole catalogue of planted faults (each C++ fault rebuilds
+    the extension in a scratch tree, about 35 s), then conformance under the nightly profile (2,000
+    examples per kernel)."""
+    install(session, "test")
+    session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *session.posargs)
+    session.run("python", "-m", "conformance", "run", "--profile", "nightly", "--junit", "reports/conformance-nightly.xml")
 
 
 @nox.session(python=PYTHON)

@@ -121,12 +121,18 @@ def _random_cases(draw: st.DrawFn) -> Case:
     target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
     draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
     # Uniforms on and one ulp above the float32 ratio, where >= and > part (C7).
-    u = draw(_uniforms(g, t, draft_ratio(target, draft_probs, bt.draft, v)))
+    ratio = draft_ratio(target, draft_probs, bt.draft, v)
+    u = draw(_uniforms(g, t, ratio))
     # Planted runs: 1.0 rejects whenever p < q, and 0.0 accepts whenever q > 0.
     reject, accept = torch.zeros(t, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)
     hot = _plant_runs(draw, bt, False, window, reject, accept)
     u[accept] = 0.0
-    u[reject & ~accept] = float(torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)))
+    rejected = reject & ~accept
+    u[rejected] = float(torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)))
+    # Or a float64 ulp above the ratio: rejected by the exact test, accepted by a ratio an ulp too high.
+    above = torch.nextafter(ratio, torch.tensor(2.0, dtype=torch.float64))
+    edge = rejected & (ratio > 0) & (ratio < 1) & torch.tensor([draw(st.booleans()) for _ in range(t)] if t else [], dtype=torch.bool)
+    u[edge] = above[edge]
     args = dict(
         cu_num_draft_tokens_ptr=bt.cu,
         draft_token_ids_ptr=bt.draft,
