@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from topk_topp import median_ms  # noqa: E402
 
 from conformance import engine  # noqa: E402
 from conformance.backends import resolve_kernel  # noqa: E402
@@ -67,21 +69,6 @@ def async_args(b: int) -> dict[str, Any]:
                 valid_sampled_token_count=torch.randint(1, N + 2, (b,), generator=g, dtype=torch.int32),
                 prev_num_draft_tokens=torch.full((b,), N, dtype=torch.int32),
                 cpu_num_computed_tokens=torch.randint(0, 4096, (b,), generator=g, dtype=torch.int32))
-
-
-def median_ms(fn: Any, cuda: bool, reps: int) -> float:
-    if cuda:
-        from triton.testing import do_bench
-
-        return float(do_bench(fn, warmup=10, rep=100, return_mode="median"))
-    for _ in range(3):
-        fn()  # warm: thread pools, allocator
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def measure(kernel: str, b: int, backends: list[str], reps: int) -> dict[str, Any]:

@@ -57,10 +57,13 @@ def launch_args(x: torch.Tensor, k: int | None, p: float | None, programs: int, 
 
 
 def median_ms(fn: Any, cuda: bool, reps: int) -> float:
+    """The median wall time of ``fn`` in ms: triton.testing.do_bench on a GPU, else ``reps`` timed calls after a warm-up."""
     if cuda:
         from triton.testing import do_bench
 
         return float(do_bench(fn, warmup=10, rep=200, return_mode="median"))
+    for _ in range(min(reps, 3)):
+        fn()  # warm: thread pools, allocator
     times = []
     for _ in range(reps):
         t = time.perf_counter()

@@ -76,6 +76,31 @@ def _weight(x, row_max):
 
 
 @triton.jit
+def _search(src, n, lo, hi, need, row_max, BLOCK_SIZE: tl.constexpr, MASS: tl.constexpr):
+    # The largest key c in [lo, hi) whose weight from the top reaches `need`, among `src`'s n logits,
+    # given that weight(key >= lo) reaches it and weight(key >= hi) does not; and weight(key > c). A
+    # logit weighs 1 (a rank count, top-k) or its C35 weight (MASS, top-p).
+    above = tl.zeros((), tl.int64)
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        got = tl.zeros((), tl.int64)
+        for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
+            offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+            x = tl.load(src + offs, mask=offs < n, other=-float("inf"))
+            live = (offs < n) & (_key(x) >= mid)
+            if MASS:
+                got += tl.sum(tl.where(live, _weight(x, row_max), 0))
+            else:
+                got += tl.sum(live.to(tl.int64))
+        if got >= need:
+            lo = mid
+        else:
+            hi = mid
+            above = got
+    return lo, above
+
+
+@triton.jit
 def _topk_topp_kernel(
     LOGITS,  # [B, V] float32, rows LOGITS_STRIDE_0 apart, masked in place
     LOGITS_STRIDE_0,
@@ -149,22 +174,7 @@ def _topk_topp_kernel(
                 lo = _key(guess) + 1
             else:
                 n = tl.full((), VOCAB_SIZE, tl.int32)
-            # Largest key c with count(key >= c) >= k; `above` counts the keys >= hi.
-            hi = key_hi + 1
-            above = tl.zeros((), tl.int64)
-            while hi - lo > 1:
-                mid = lo + (hi - lo) // 2
-                count = tl.zeros((), tl.int64)
-                for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
-                    offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-                    key = _key(tl.load(src + offs, mask=offs < n, other=-float("inf")))
-                    count += tl.sum(((offs < n) & (key >= mid)).to(tl.int64))
-                if count >= k:
-                    lo = mid
-                else:
-                    hi = mid
-                    above = count
-            pivot = lo
+            pivot, above = _search(src, n, lo, key_hi + 1, k, row_max, BLOCK_SIZE, False)
             ties = k - above
         if do_topp:
             # Z: the mass top-k kept (all of the row without top-k), and the mass above its cut-off.
@@ -199,23 +209,7 @@ def _topk_topp_kernel(
                 src = scratch
                 pivot = _key(guess)
             if over >= need:
-                # Largest key c > pivot with mass(key >= c) >= need; `above` is the mass of keys >= hi.
-                lo = pivot + 1
-                hi = key_hi + 1
-                above = tl.zeros((), tl.int64)
-                while hi - lo > 1:
-                    mid = lo + (hi - lo) // 2
-                    mass = tl.zeros((), tl.int64)
-                    for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
-                        offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-                        x = tl.load(src + offs, mask=offs < n, other=-float("inf"))
-                        mass += tl.sum(tl.where((offs < n) & (_key(x) >= mid), _weight(x, row_max), 0))
-                    if mass >= need:
-                        lo = mid
-                    else:
-                        hi = mid
-                        above = mass
-                pivot = lo
+                pivot, above = _search(src, n, pivot + 1, key_hi + 1, need, row_max, BLOCK_SIZE, True)
                 tie_weight = _weight(_value(pivot), row_max)
                 ties = (need - above + tie_weight - 1) // tie_weight
             else:
