@@ -305,3 +305,15 @@ def test_apply_sampling_constraints_three_ways(data):
     greedy = SamplingMetadata(None, True, False)
     x = logits.clone()
     assert apply_sampling_constraints(x, cu, greedy, backend="cpu") is x and torch.equal(x, logits)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_the_host_masks_a_contiguous_copy_of_strided_logits_and_returns_it(backend):
+    # apply_top_k_top_p_triton: a non-unit inner stride gets a contiguous copy, masked and returned;
+    # the caller's tensor is left as it was. Rows with k = V and p = 1 are disabled, per row.
+    base = torch.tensor([TIES, TIES[::-1], TIES]).t().contiguous()
+    logits = base.t()  # [3, 8] with inner stride 3
+    out = compositions.apply_top_k_top_p(logits, torch.tensor([2, 8, 8]), torch.tensor([1.0, 0.5, 1.0]), backend=backend)
+    assert out is not logits and out.is_contiguous() and torch.equal(logits, base.t())
+    # Row 1 reversed: three 3s weigh 3 of Z = 3.94 (the 2s e**-1 each, ...): p = 0.5 ends at the second 3.
+    assert [(row > -INF).nonzero().flatten().tolist() for row in out] == [[1, 2], [4, 5], list(range(8))]
