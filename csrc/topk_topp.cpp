@@ -2,8 +2,8 @@
 //
 // Rows run in parallel, one per iteration, as the persistent Triton programs take them; a row
 // reads and writes only itself. Each cut-off is found by a radix select over an order-preserving
-// key of the logits (three digit passes), for the rank count (top-k) and the integer mass (top-p)
-// alike, so the result is C35's exact cut-off whatever the thread count. The workspace and vLLM's
+// key of the logits (three digits, the last two over the first digit's bin only), for the rank
+// count (top-k) and the integer mass (top-p) alike, so the result is C35's exact cut-off whatever the thread count. The workspace and vLLM's
 // pivot tables are not read.
 #include <omp.h>
 
@@ -51,25 +51,33 @@ inline std::uint64_t weight_of(float x, float row_max) {
 
 // The largest key c with weight(key >= c) >= need over the columns `in` admits, and the weight of
 // the keys above c. Three digit passes (11, 11, 10 bits), each a histogram of the keys that share
-// the digits fixed so far. The caller guarantees the total weight reaches need.
+// the digits fixed so far: the first over the row, which also collects the columns in the chosen
+// bin, the other two over those only. The caller guarantees the total weight reaches need.
 template <class In, class W>
 std::pair<std::uint32_t, std::uint64_t> select(std::int64_t n, const std::uint32_t* keys, In in, W weight, std::uint64_t need,
-                                               std::vector<std::uint64_t>& hist) {
+                                               std::vector<std::uint64_t>& hist, std::vector<std::int64_t>& cand) {
   constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10};
   std::uint32_t prefix = 0;
   std::uint64_t above = 0;
   for (int level = 0; level < 3; ++level) {
-    const int shift = kShift[level], bits = kBits[level], fixed = 32 - shift - bits;
+    const int shift = kShift[level], bits = kBits[level];
     hist.assign(std::size_t{1} << bits, 0);
     const std::uint32_t digit = (1u << bits) - 1;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::uint32_t k = keys[i];
-      if (!in(i) || (fixed > 0 && (k >> (32 - fixed)) != prefix)) continue;
-      hist[(k >> shift) & digit] += weight(i);
+    if (level == 0) {
+      for (std::int64_t i = 0; i < n; ++i)
+        if (in(i)) hist[keys[i] >> shift] += weight(i);
+    } else {
+      for (const std::int64_t i : cand)
+        if ((keys[i] >> (shift + bits)) == prefix) hist[(keys[i] >> shift) & digit] += weight(i);
     }
     std::int64_t b = static_cast<std::int64_t>(digit);
     for (; b > 0 && above + hist[b] < need; --b) above += hist[b];
     prefix = (prefix << bits) | static_cast<std::uint32_t>(b);
+    if (level == 0) {
+      cand.clear();
+      for (std::int64_t i = 0; i < n; ++i)
+        if ((keys[i] >> shift) == prefix && in(i)) cand.push_back(i);
+    }
   }
   return {prefix, above};
 }
@@ -77,6 +85,7 @@ std::pair<std::uint32_t, std::uint64_t> select(std::int64_t n, const std::uint32
 struct Scratch {
   std::vector<std::uint32_t> keys;
   std::vector<std::uint64_t> weights, hist;
+  std::vector<std::int64_t> cand;
 };
 
 // One row, masked in place as reference/topk_topp.py states.
@@ -108,7 +117,7 @@ void mask_row(float* x, std::int64_t v, const std::int32_t* k_ptr, const float* 
   std::uint64_t ties = 0;
   const bool bounded = topk;
   if (topk) {
-    const auto [c, above] = select(v, keys, all, [](std::int64_t) { return std::uint64_t{1}; }, static_cast<std::uint64_t>(k), s.hist);
+    const auto [c, above] = select(v, keys, all, [](std::int64_t) { return std::uint64_t{1}; }, static_cast<std::uint64_t>(k), s.hist, s.cand);
     pivot = c;
     ties = static_cast<std::uint64_t>(k) - above;
   }
@@ -126,7 +135,7 @@ void mask_row(float* x, std::int64_t v, const std::int32_t* k_ptr, const float* 
     if (over >= need) {
       const std::uint32_t floor = pivot;
       const auto in = [&](std::int64_t i) { return !bounded || keys[i] > floor; };
-      const auto [c, above] = select(v, keys, in, [&](std::int64_t i) { return s.weights[i]; }, need, s.hist);
+      const auto [c, above] = select(v, keys, in, [&](std::int64_t i) { return s.weights[i]; }, need, s.hist, s.cand);
       pivot = c;
       const std::uint64_t w = weight_of(value_of(c), row_max);
       ties = (need - above + w - 1) / w;
