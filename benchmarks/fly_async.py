@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from topk_topp import median_ms  # noqa: E402
+from topk_topp import median_ms, write_report  # noqa: E402
 
 from conformance import engine  # noqa: E402
 from conformance.backends import resolve_kernel  # noqa: E402
@@ -123,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                      + ("" if vllm is None else f" (vLLM: {'yes' if vllm else 'no'})") + " |")
     text = "\n".join(lines)
     print(text)
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = "gpu" if cuda else "cpu"
-    (out / f"fly-async-{tag}.md").write_text(text + "\n")
-    (out / f"fly-async-{tag}.json").write_text(json.dumps({"device": where, "rows": rows}, indent=2) + "\n")
+    write_report(Path(ns.out), "fly-async", text, {"device": where, "rows": rows})
     return 0 if all(v for r in rows for c, v in r.items() if c.endswith("_equals_oracle") and not c.startswith("vllm")) else 1
 
 

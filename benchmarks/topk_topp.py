@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conformance import engine  # noqa: E402
-from conformance.strategies.topk_topp import tables  # noqa: E402
+from conformance.kernels import topk_topp as contracts  # noqa: E402
 from cpu_impl.topk_topp import _topk_topp_kernel as port  # noqa: E402
 
 V = 151_936
@@ -46,14 +46,12 @@ def logits(rows: int, seed: int = 0) -> torch.Tensor:
     return x
 
 
-def launch_args(x: torch.Tensor, k: int | None, p: float | None, programs: int, block: int, trunc: int) -> dict[str, Any]:
+def launch_args(x: torch.Tensor, k: int | None, p: float | None, programs: int) -> dict[str, Any]:
+    """One k and p for every row, at vLLM's CUDA tiles (8192, 4096)."""
     b = x.shape[0]
-    pct, cdf = (t.to(x.device) for t in tables())
-    return dict(LOGITS=x, LOGITS_STRIDE_0=x.stride(0), BUFFER=torch.empty(programs, V, device=x.device), PERCENTILE_TO_STD_TABLE=pct,
-                NORMAL_CDF_TO_SIGMA_TABLE=cdf, K=None if k is None else torch.full((b,), k, dtype=torch.int32, device=x.device),
-                P=None if p is None else torch.full((b,), p, dtype=torch.float32, device=x.device), BATCH_SIZE=b, VOCAB_SIZE=V,
-                MASK_VALUE=float("-inf"), BLOCK_SIZE=block, BLOCK_SIZE_TRUNC=trunc, TOPK_ENABLED=k is not None,
-                TOPP_ENABLED=p is not None, SPLIT_COVERS_PONLY=False)
+    kt = None if k is None else torch.full((b,), k, dtype=torch.int32, device=x.device)
+    pt = None if p is None else torch.full((b,), p, dtype=torch.float32, device=x.device)
+    return contracts.launch_args(x, kt, pt, programs=programs, block=8192, trunc=4096)
 
 
 def median_ms(fn: Any, cuda: bool, reps: int) -> float:
@@ -70,6 +68,14 @@ def median_ms(fn: Any, cuda: bool, reps: int) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def write_report(out: Path, stem: str, table: str, data: dict[str, Any]) -> None:
+    """``<stem>-{cpu,gpu}.md`` (the table) and ``.json`` (every measurement) under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "gpu" if torch.cuda.is_available() else "cpu"
+    (out / f"{stem}-{tag}.md").write_text(table + "\n")
+    (out / f"{stem}-{tag}.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
 def kept(x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +102,7 @@ def measure(b: int, mode: str, k: int | None, p: float | None, cuda: bool, reps:
     # vLLM's PyTorch path: allow_cpu_sync as its CPU platform sets it (top-k alone then skips the sort).
     row["vllm_pytorch_ms"] = median_ms(lambda: pytorch_path(work.copy_(src), kt, pt, allow_cpu_sync=not cuda), cuda, reps)
     # The C++ port on the host (the conformance oracle holds it to C35 bit for bit).
-    a_host = launch_args(src_host.clone(), k, p, 1, 8192, 4096)
+    a_host = launch_args(src_host.clone(), k, p, 1)
     if not cuda:
         row["cpp_port_ms"] = median_ms(lambda: (a_host["LOGITS"].copy_(src_host), port[(1,)](**a_host)), False, reps)
     a_host["LOGITS"].copy_(src_host)
@@ -109,7 +115,7 @@ def measure(b: int, mode: str, k: int | None, p: float | None, cuda: bool, reps:
 
         programs = min(torch.cuda.get_device_properties(0).multi_processor_count, b)
         for name, kernel in (("triton", ours), ("vllm_triton", vllm_kernel)):
-            a = launch_args(work, k, p, programs, 8192, 4096)
+            a = launch_args(work, k, p, programs)
             if name == "vllm_triton":
                 a["PERCENTILE_TO_STD_TABLE"], a["NORMAL_CDF_TO_SIGMA_TABLE"] = vllm_tables(device)
             run = kernel[(programs,)]
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         x = (x * 10).to(device)
         programs = min(torch.cuda.get_device_properties(0).multi_processor_count, b)
         for name, kernel in (("ours", ours), ("vllm", vllm_kernel)):
-            a = launch_args(x.clone(), None, 0.9, programs, 8192, 4096)
+            a = launch_args(x.clone(), None, 0.9, programs)
             if name == "vllm":
                 a["PERCENTILE_TO_STD_TABLE"], a["NORMAL_CDF_TO_SIGMA_TABLE"] = vllm_tables(device)
             kernel[(programs,)](**a, num_warps=8)
@@ -171,11 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['rows']} | {r['mode']} | {r['copy_ms']:.3f} | {r['vllm_pytorch_ms']:.3f} | {mid}{tail} |")
     text = "\n".join(lines)
     print(text)
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = "gpu" if cuda else "cpu"
-    (out / f"topk-topp-{tag}.md").write_text(text + "\n")
-    (out / f"topk-topp-{tag}.json").write_text(json.dumps({"device": where, "rows": rows_out, "overflow_probe": probe}, indent=2) + "\n")
+    write_report(Path(ns.out), "topk-topp", text, {"device": where, "rows": rows_out, "overflow_probe": probe})
     return 0 if ok else 1
 
 

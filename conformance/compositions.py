@@ -325,28 +325,22 @@ def mrv2_rejection_sample(
     return sampled, num_sampled
 
 
-
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, *, backend: str,
                       programs: int | None = None, mask_value: float = float("-inf")) -> torch.Tensor:
     """vLLM's ``apply_top_k_top_p_triton`` (topk_topp_triton.py:1625-1733) over ``backend``, on the
     monolithic kernel (the split top-p pipeline is CUDA's, for <= 64 rows). As vLLM's: no k and no p
     (or no rows) returns ``logits`` itself; a non-unit inner stride masks a contiguous copy, which is
-    returned; k and p are cast to int32 and float32; ``programs`` defaults to the CPU platform's
-    ``num_compute_units``, the thread count, with vLLM's CPU tiles (256, 128)."""
-    from conformance.strategies.topk_topp import tables
+    returned; ``programs`` defaults to the CPU platform's ``num_compute_units``, the thread count,
+    with vLLM's CPU tiles."""
+    from conformance.kernels.topk_topp import launch_args
 
-    b, v = logits.shape
+    b = logits.shape[0]
     if b == 0 or (k is None and p is None):
         return logits
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     programs = min(programs or torch.get_num_threads(), b)
-    pct, cdf = tables()
-    launch(backend, "_topk_topp_kernel", (programs,), LOGITS=logits, LOGITS_STRIDE_0=logits.stride(0),
-           BUFFER=torch.empty(programs, v), PERCENTILE_TO_STD_TABLE=pct, NORMAL_CDF_TO_SIGMA_TABLE=cdf,
-           K=None if k is None else k.to(torch.int32), P=None if p is None else p.to(torch.float32), BATCH_SIZE=b,
-           VOCAB_SIZE=v, MASK_VALUE=mask_value, BLOCK_SIZE=256, BLOCK_SIZE_TRUNC=128, TOPK_ENABLED=k is not None,
-           TOPP_ENABLED=p is not None, SPLIT_COVERS_PONLY=False)
+    launch(backend, "_topk_topp_kernel", (programs,), **launch_args(logits, k, p, programs=programs, mask_value=mask_value))
     return logits
 
 
@@ -367,6 +361,7 @@ def apply_sampling_constraints(logits: torch.Tensor, cu_num_draft_tokens: torch.
     top_k = None if k is None else expand_batch_to_tokens(k, cu_num_draft_tokens, n, backend=backend)
     top_p = None if p is None else expand_batch_to_tokens(p, cu_num_draft_tokens, n, backend=backend)
     return apply_top_k_top_p(logits, top_k, top_p, backend=backend)
+
 
 __all__ = [
     "apply_sampling_constraints",

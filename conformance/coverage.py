@@ -281,9 +281,7 @@ def _topk_rows(a: Args) -> list[tuple[torch.Tensor, dict[str, tuple[float, int, 
     out = []
     for r in range(a["BATCH_SIZE"]):
         x = topk_topp.row_values(a, r)
-        k = int(a["K"][r]) if a["TOPK_ENABLED"] else None
-        p = float(a["P"][r]) if a["TOPP_ENABLED"] else None
-        out.append((x, cutoffs(x, k, p, bool(a["SPLIT_COVERS_PONLY"]))))
+        out.append((x, cutoffs(x, *topk_topp.row_steps(a, r), bool(a["SPLIT_COVERS_PONLY"]))))
     return out
 
 

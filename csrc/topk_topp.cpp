@@ -111,11 +111,10 @@ void mask_row(float* x, std::int64_t v, const std::int32_t* k_ptr, const float* 
   const std::uint32_t* keys = s.keys.data();
   const auto all = [](std::int64_t) { return true; };
 
-  // The cut-off: keys above `pivot` kept, and the first `ties` keyed at it. `bounded`: a top-k
-  // cut-off exists (without one, every key is above it).
+  // The cut-off: keys above `pivot` kept, and the first `ties` keyed at it. Without top-k, every
+  // key is a candidate for top-p.
   std::uint32_t pivot = 0;
   std::uint64_t ties = 0;
-  const bool bounded = topk;
   if (topk) {
     const auto [c, above] = select(v, keys, all, [](std::int64_t) { return std::uint64_t{1}; }, static_cast<std::uint64_t>(k), s.hist, s.cand);
     pivot = c;
@@ -125,8 +124,8 @@ void mask_row(float* x, std::int64_t v, const std::int32_t* k_ptr, const float* 
     s.weights.assign(v, 0);
     std::uint64_t over = 0;
     for (std::int64_t i = 0; i < v; ++i)
-      if (!bounded || keys[i] > pivot) over += s.weights[i] = weight_of(x[i], row_max);
-    const std::uint64_t tie_weight = bounded ? weight_of(value_of(pivot), row_max) : 0;
+      if (!topk || keys[i] > pivot) over += s.weights[i] = weight_of(x[i], row_max);
+    const std::uint64_t tie_weight = topk ? weight_of(value_of(pivot), row_max) : 0;
     const std::uint64_t total = over + ties * tie_weight;
     // The smallest integer mass at least p * Z (float64, one rounding; Z < 2**53 is exact).
     const double need_f = p * static_cast<double>(total);
@@ -134,7 +133,7 @@ void mask_row(float* x, std::int64_t v, const std::int32_t* k_ptr, const float* 
     if (static_cast<double>(need) < need_f) ++need;
     if (over >= need) {
       const std::uint32_t floor = pivot;
-      const auto in = [&](std::int64_t i) { return !bounded || keys[i] > floor; };
+      const auto in = [&](std::int64_t i) { return !topk || keys[i] > floor; };
       const auto [c, above] = select(v, keys, in, [&](std::int64_t i) { return s.weights[i]; }, need, s.hist, s.cand);
       pivot = c;
       const std::uint64_t w = weight_of(value_of(c), row_max);

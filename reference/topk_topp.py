@@ -84,8 +84,7 @@ def _topk_topp_kernel(
     mask = torch.tensor(MASK_VALUE, dtype=F32)  # a constexpr float, rounded to float32
     for r in range(BATCH_SIZE):
         x = contracts.row_values(a, r)  # a view: written in place
-        k = int(a["K"][r]) if TOPK_ENABLED else None
-        p = float(a["P"][r]) if TOPP_ENABLED else None
+        k, p = contracts.row_steps(a, r)
         kept = list(stages(x, k, p, bool(SPLIT_COVERS_PONLY)).values())
         if kept:
             drop = torch.ones(VOCAB_SIZE, dtype=torch.bool)

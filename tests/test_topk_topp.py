@@ -19,7 +19,6 @@ from conformance.backends import BACKENDS
 from conformance.kernels import topk_topp as contracts
 from conformance.runner import run_case
 from conformance.strategies import cases
-from conformance.strategies.topk_topp import tables
 from reference.topk_topp import weights
 
 K = contracts.KERNEL
@@ -31,13 +30,8 @@ TIES = [1.0, 3.0, 3.0, 3.0, 0.0, 2.0, 2.0, -1.0]
 
 def args(rows: Any, k: list[int] | None = None, p: list[float] | None = None, *, programs: int = 2, block: int = 4,
          split: bool = False, mask: float = -INF) -> dict[str, Any]:
-    x = f32(rows)
-    b, v = x.shape
-    pct, cdf = tables()
-    return dict(LOGITS=x, LOGITS_STRIDE_0=v, BUFFER=torch.empty(programs, v), PERCENTILE_TO_STD_TABLE=pct,
-                NORMAL_CDF_TO_SIGMA_TABLE=cdf, K=None if k is None else i32(k), P=None if p is None else f32(p), BATCH_SIZE=b,
-                VOCAB_SIZE=v, MASK_VALUE=mask, BLOCK_SIZE=block, BLOCK_SIZE_TRUNC=block, TOPK_ENABLED=k is not None,
-                TOPP_ENABLED=p is not None, SPLIT_COVERS_PONLY=split)
+    return contracts.launch_args(f32(rows), None if k is None else i32(k), None if p is None else f32(p), programs=programs,
+                                 block=block, trunc=block, mask_value=mask, split=split)
 
 
 def launch(backend: str, a: dict[str, Any]) -> list[list[int]]:

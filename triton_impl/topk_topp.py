@@ -48,10 +48,12 @@ def _upper_quantile(q):
 
 
 @triton.jit
-def _compact(row, scratch, floor, row_max, VOCAB_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    # Copies the logits above `floor`, in column order, into the workspace; returns their count and mass.
+def _compact(row, scratch, floor, row_max, VOCAB_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, MASS: tl.constexpr):
+    # Copies the logits above `floor`, in column order, into the workspace; returns their count and,
+    # with MASS, their mass and the whole row's (Z without top-k).
     n = tl.zeros((), tl.int32)
     mass = tl.zeros((), tl.int64)
+    total = tl.zeros((), tl.int64)
     for t in range(0, (VOCAB_SIZE + BLOCK_SIZE - 1) // BLOCK_SIZE):
         offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
         inside = offs < VOCAB_SIZE
@@ -59,8 +61,11 @@ def _compact(row, scratch, floor, row_max, VOCAB_SIZE: tl.constexpr, BLOCK_SIZE:
         take = inside & (x > floor)
         tl.store(scratch + n + tl.cumsum(take.to(tl.int32), 0) - 1, x, mask=take)
         n += tl.sum(take.to(tl.int32))
-        mass += tl.sum(tl.where(take, _weight(x, row_max), 0))
-    return n, mass
+        if MASS:
+            w = tl.where(inside, _weight(x, row_max), 0)
+            mass += tl.sum(tl.where(take, w, 0))
+            total += tl.sum(w)
+    return n, mass, total
 
 
 @triton.jit
@@ -73,6 +78,14 @@ def _value(key):
 def _weight(x, row_max):
     # C35: floor(exp32(x - max) * 2**32); the float32 product is exact, the cast floors.
     return (exp32(x - row_max) * 4294967296.0).to(tl.int64)
+
+
+@triton.jit
+def _need(p, total):
+    # The smallest integer mass at least p * Z (float64, one rounding).
+    need_f = p.to(tl.float64) * total.to(tl.float64)
+    need = need_f.to(tl.int64)
+    return tl.where(need.to(tl.float64) < need_f, need + 1, need)
 
 
 @triton.jit
@@ -104,7 +117,7 @@ def _search(src, n, lo, hi, need, row_max, BLOCK_SIZE: tl.constexpr, MASS: tl.co
 def _topk_topp_kernel(
     LOGITS,  # [B, V] float32, rows LOGITS_STRIDE_0 apart, masked in place
     LOGITS_STRIDE_0,
-    BUFFER,  # [programs, V] workspace: unread here
+    BUFFER,  # [programs, V] workspace: a program's candidates, written before they are read
     PERCENTILE_TO_STD_TABLE,  # vLLM's pivot tables: unread here
     NORMAL_CDF_TO_SIGMA_TABLE,
     K,  # [B] int32, or anything when not TOPK_ENABLED
@@ -167,7 +180,7 @@ def _topk_topp_kernel(
             avg, std = _moments(row, VOCAB_SIZE, BLOCK_SIZE)
             z = _upper_quantile(tl.minimum(k.to(tl.float32) / VOCAB_SIZE, 0.5))
             guess = avg + std * (z - 0.15 * tl.abs(z))  # lowered by 15 %, as vLLM lowers its table's
-            n, _ = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE)
+            n, _, _ = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE, False)
             lo = key_lo
             if n >= k:
                 src = scratch
@@ -177,35 +190,30 @@ def _topk_topp_kernel(
             pivot, above = _search(src, n, lo, key_hi + 1, k, row_max, BLOCK_SIZE, False)
             ties = k - above
         if do_topp:
-            # Z: the mass top-k kept (all of the row without top-k), and the mass above its cut-off.
             tie_weight = _weight(_value(pivot), row_max)
-            over = tl.zeros((), tl.int64)
-            for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
-                offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-                x = tl.load(src + offs, mask=offs < n, other=-float("inf"))
-                over += tl.sum(tl.where((offs < n) & (_key(x) > pivot), _weight(x, row_max), 0))
-            total = over
             if do_topk:
+                # Z: the mass top-k kept, the candidates above its cut-off and `ties` of its weight.
+                over = tl.zeros((), tl.int64)
+                for t in range(0, tl.cdiv(n, BLOCK_SIZE)):
+                    offs = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+                    x = tl.load(src + offs, mask=offs < n, other=-float("inf"))
+                    over += tl.sum(tl.where((offs < n) & (_key(x) > pivot), _weight(x, row_max), 0))
                 total = over + ties * tie_weight
-            # The smallest integer mass at least p * Z (float64, one rounding).
-            need_f = p.to(tl.float64) * total.to(tl.float64)
-            need = need_f.to(tl.int64)
-            need = tl.where(need.to(tl.float64) < need_f, need + 1, need)
-            if do_topk:
-                pass
+                need = _need(p, total)
             else:
                 # Candidates: the logits above a guess whose mass reaches p were the row Gaussian (its
-                # softmax mass is then Gaussian with mean avg + std**2), else every logit within 23
-                # of the maximum (below that a weight is 0): their mass is Z.
+                # softmax mass is then Gaussian with mean avg + std**2); the same pass sums Z. Short of
+                # p: every logit within 23 of the maximum (below that a weight is 0), mass Z.
                 avg, std = _moments(row, VOCAB_SIZE, BLOCK_SIZE)
                 zp = tl.where(p >= 0.5, _upper_quantile(tl.maximum(1.0 - p, 1e-30)), -_upper_quantile(tl.minimum(p, 0.5)))
                 floor = row_max - 23.0
                 guess = avg + std * std - std * (1.15 * zp + 0.5)
                 guess = tl.where((guess > floor) & (guess < row_max), guess, floor)
-                n, over = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE)
+                n, over, total = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE, True)
+                need = _need(p, total)
                 if over < need:
                     guess = floor
-                    n, over = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE)
+                    n, over, total = _compact(row, scratch, guess, row_max, VOCAB_SIZE, BLOCK_SIZE, True)
                 src = scratch
                 pivot = _key(guess)
             if over >= need:

@@ -44,6 +44,39 @@ def row_values(a: Mapping[str, Any], r: int) -> torch.Tensor:
     return flat_view(a["LOGITS"])[r * s : r * s + v]
 
 
+def row_steps(a: Mapping[str, Any], r: int) -> tuple[int | None, float | None]:
+    """Row ``r``'s k and p; None where its flag leaves K or P unread."""
+    return (int(a["K"][r]) if a["TOPK_ENABLED"] else None, float(a["P"][r]) if a["TOPP_ENABLED"] else None)
+
+
+def stand_in_tables() -> tuple[torch.Tensor, torch.Tensor]:
+    """Stand-ins for vLLM's two 200-entry pivot tables (C35 reads neither): the standard normal
+    quantiles of their upper percentiles, clamped to the tables' last entry."""
+    q = torch.special.ndtri(1.0 - torch.arange(1, TABLE + 1, dtype=torch.float64) / TABLE).clamp(-3.813, 3.813).to(F32)
+    return q.clone(), q.clone()
+
+
+def launch_args(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, *, programs: int, block: int = 256,
+                trunc: int = 128, mask_value: float = float("-inf"), split: bool = False) -> dict[str, Any]:
+    """A launch over ``logits`` ([B, V], unit inner stride) as vLLM's ``apply_top_k_top_p_triton``
+    makes it: k and p cast to int32 and float32, a workspace row per program, the stand-in tables
+    on the logits' device (defaults: vLLM's CPU tiles)."""
+    b, v = logits.shape
+    pct, cdf = (t.to(logits.device) for t in stand_in_tables())
+    return dict(LOGITS=logits, LOGITS_STRIDE_0=logits.stride(0), BUFFER=logits.new_empty(programs, v),
+                PERCENTILE_TO_STD_TABLE=pct, NORMAL_CDF_TO_SIGMA_TABLE=cdf, K=None if k is None else k.to(I32),
+                P=None if p is None else p.to(F32), BATCH_SIZE=b, VOCAB_SIZE=v, MASK_VALUE=mask_value, BLOCK_SIZE=block,
+                BLOCK_SIZE_TRUNC=trunc, TOPK_ENABLED=k is not None, TOPP_ENABLED=p is not None, SPLIT_COVERS_PONLY=split)
+
+
+def check_buffer(a: Mapping[str, Any]) -> None:
+    """The workspace has a row of VOCAB_SIZE per program (when any row is masked)."""
+    v, buffer = a["VOCAB_SIZE"], a["BUFFER"]
+    if a["BATCH_SIZE"] > 0:
+        require(buffer.shape[0] >= 1 and buffer.shape[1] == v, KERNEL, "BUFFER",
+                f"must have shape [programs >= 1, VOCAB_SIZE={v}], got {tuple(buffer.shape)}")
+
+
 def _preconditions(a: Mapping[str, Any]) -> None:
     k = KERNEL
     b, v, s = a["BATCH_SIZE"], a["VOCAB_SIZE"], a["LOGITS_STRIDE_0"]
@@ -57,9 +90,7 @@ def _preconditions(a: Mapping[str, Any]) -> None:
         require(a[name].numel() == TABLE, k, name, f"must hold vLLM's {TABLE} entries, has {a[name].numel()}")
     if b == 0:
         return
-    buffer = a["BUFFER"]
-    require(buffer.shape[0] >= 1 and buffer.shape[1] == v, k, "BUFFER",
-            f"must have shape [programs >= 1, VOCAB_SIZE={v}], got {tuple(buffer.shape)}")
+    check_buffer(a)
     # Rows are written: they may not overlap (C31 within one buffer).
     if b > 1:
         require(s >= v, k, "LOGITS_STRIDE_0", f"must be >= VOCAB_SIZE={v} (rows written may not overlap), got {s}")
@@ -92,8 +123,7 @@ def _explain(a: Mapping[str, Any], output: str, index: int) -> str:
     from reference.topk_topp import cutoffs  # the oracle states the cut-offs; imported late (it imports this module)
 
     x = row_values(a, r)
-    k = int(a["K"][r]) if a["TOPK_ENABLED"] else None
-    p = float(a["P"][r]) if a["TOPP_ENABLED"] else None
+    k, p = row_steps(a, r)
     finite = int((x > float("-inf")).sum())
     lines = [f"row {r}, column {c}: logit {item(a['LOGITS'], index)!r}; k={k} p={p!r} V={v} finite={finite} "
              f"SPLIT_COVERS_PONLY={a['SPLIT_COVERS_PONLY']}"]

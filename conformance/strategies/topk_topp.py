@@ -19,13 +19,6 @@ VOCABS = [1, 2, 3, 8, 13, 64, 100, 257]
 ROWS = ["gaussian", "levels", "neighbours", "masked", "all -inf", "one finite", "equal", "outlier", "zeros", "wide"]
 
 
-def tables() -> tuple[torch.Tensor, torch.Tensor]:
-    """Stand-ins for vLLM's two 200-entry pivot tables (C35 reads neither): the standard normal
-    quantiles of their upper percentiles, clamped to the tables' last entry."""
-    q = torch.special.ndtri(1.0 - torch.arange(1, 201, dtype=torch.float64) / 200).clamp(-3.813, 3.813).to(torch.float32)
-    return q.clone(), q.clone()
-
-
 def _row(kind: str, g: torch.Generator, v: int) -> torch.Tensor:
     x = torch.randn(v, generator=g) * 2
     if kind == "levels":
@@ -80,12 +73,12 @@ def _case(draw: st.DrawFn) -> Case:
     if topp:
         p = torch.tensor([draw(st.one_of(st.sampled_from([0.5, 0.9, 1.0, 0.25, 0.75, 1.5, 1e-8, 0.99999994]), st.floats(0.0078125, 1.0, width=32)))
                           for _ in range(b)], dtype=torch.float32)
-    pct, cdf = tables()
+    pct, cdf = contracts.stand_in_tables()
     block = draw(st.sampled_from([4, 16, 64, 256]))
     programs = draw(st.integers(1, max(b, 1) + 1))
     args = dict(
         LOGITS=logits,
-        LOGITS_STRIDE_0=stride if layout != "packed" else v,
+        LOGITS_STRIDE_0=stride,
         BUFFER=torch.empty(programs, v),
         PERCENTILE_TO_STD_TABLE=pct,
         NORMAL_CDF_TO_SIGMA_TABLE=cdf,
