@@ -1,7 +1,9 @@
 """The top-k/top-p mask at vLLM's scale (vocabulary 151,936; 64 and 256 rows), side by side with what
 vLLM 0.33.0 runs instead: on a CPU without Triton, its PyTorch path ``apply_top_k_top_p_pytorch``
-(a full sort); on a GPU, its own ``_topk_topp_kernel`` (the monolithic kernel; its split top-p
-pipeline for <= 64 rows is not ported yet) and the same PyTorch path.
+(a full sort); on a GPU, its own ``_topk_topp_kernel`` (the monolithic kernel) and the same PyTorch
+path. On a GPU, the split top-p pipeline too (``--split-rows``, p = 0.9 alone, which vLLM's CUDA
+path sends to it for <= 64 rows): ours and vLLM's three kernels as ``_apply_topp_split`` launches
+them, beside both monolithic kernels on the same rows.
 
     SPECDIFF_VLLM=0.33.0 python benchmarks/topk_topp.py [--rows 64,256] [--out reports/bench]
 
@@ -132,10 +134,65 @@ def measure(b: int, mode: str, k: int | None, p: float | None, cuda: bool, reps:
     return row
 
 
+def split_pipeline(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, num_sm: int,
+                   workspace: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """``_apply_topp_split``'s launches (topk_topp_triton.py:1572-1615) of ``kernels`` over ``x``."""
+    b, v = x.shape
+    s = contracts.split_count(b, v, num_sm)
+    stats, parts = workspace
+    grid = (b * s,)
+    common = dict(LOGITS=x, LOGITS_STRIDE_0=x.stride(0), STATS=stats, K=x, P=p, HAS_K=False, VOCAB_SIZE=v, S=s, num_warps=8)
+    kernels[contracts.STATS_KERNEL][grid](**common, BLOCK=8192)
+    for j in range(5):
+        kernels[contracts.STEP_KERNEL][grid](**common, PARTS=parts, ROUND=j, F=8, NUM_ROUNDS=5, BLOCK=2048)
+    kernels[contracts.MASK_KERNEL][grid](**common, PARTS=parts, MASK_VALUE=float("-inf"), F=8, NUM_ROUNDS=5, BLOCK=8192)
+
+
+def measure_split(b: int, vllm_kernels: dict[str, Any], vllm_kernel: Any) -> dict[str, Any]:
+    """Top-p 0.9 alone on ``b`` rows: the split pipelines (ours, vLLM's) and the monolithic kernels."""
+    import cpu_impl.topk_topp as cpu
+    import triton_impl.topk_topp as ours
+
+    device = torch.device("cuda")
+    num_sm = torch.cuda.get_device_properties(0).multi_processor_count
+    src_host = logits(b)
+    src = src_host.to(device)
+    work = torch.empty_like(src)
+    p = torch.full((b,), 0.9, device=device)
+    ws = contracts.split_workspace(device)
+    row: dict[str, Any] = {"rows": b, "slices": contracts.split_count(b, V, num_sm)}
+    row["copy_ms"] = median_ms(lambda: work.copy_(src), True, 0)
+    mine = {n: getattr(ours, n) for n in contracts.SPLIT_KERNELS}
+    for name, kernels in (("ours_split", mine), ("vllm_split", vllm_kernels)):
+        row[f"{name}_ms"] = median_ms(lambda k=kernels: (work.copy_(src), split_pipeline(k, work, p, num_sm, ws)), True, 0)
+    programs = min(num_sm, b)
+    for name, kernel in (("ours_monolithic", ours._topk_topp_kernel), ("vllm_monolithic", vllm_kernel)):
+        a = launch_args(work, None, 0.9, programs)
+        if name == "vllm_monolithic":
+            a["PERCENTILE_TO_STD_TABLE"], a["NORMAL_CDF_TO_SIGMA_TABLE"] = vllm_tables(device)
+        row[f"{name}_ms"] = median_ms(lambda k=kernel, a=a: (work.copy_(src), k[(programs,)](**a, num_warps=8)), True, 0)
+    # Outputs: ours against the C++ port's split pipeline (logits and workspace bit for bit), and
+    # the rows where vLLM's split pipeline keeps another set than C35.
+    host = src_host.clone()
+    host_ws = tuple(t.cpu() for t in ws)
+    work.copy_(src)
+    split_pipeline(mine, work, p, num_sm, ws)
+    split_pipeline({n: getattr(cpu, n) for n in contracts.SPLIT_KERNELS}, host, p.cpu(), num_sm, host_ws)
+    torch.cuda.synchronize()
+    row["ours_equals_port"] = torch.equal(work.cpu().view(torch.int32), host.view(torch.int32))
+    work.copy_(src)
+    split_pipeline(vllm_kernels, work, p, num_sm, ws)
+    torch.cuda.synchronize()
+    row["vllm_split_rows_differing"] = int((kept(work.cpu()) != kept(host)).any(1).sum())
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="64,256")
     parser.add_argument("--reps", type=int, default=5, help="CPU repetitions (the median is reported)")
+    parser.add_argument("--split-rows", default="1,8,64", help="rows of the split top-p comparison (GPU only)")
     parser.add_argument("--out", default="reports/bench")
     ns = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -175,9 +232,21 @@ def main(argv: list[str] | None = None) -> int:
         mid = (f"{r['triton_ms']:.3f} | {r['vllm_triton_ms']:.3f} | " if cuda else f"{r['cpp_port_ms']:.2f} | ")
         tail = f"{r['vllm_pytorch_rows_differing']}" + (f" | {r['vllm_triton_rows_differing']}" if cuda else "")
         lines.append(f"| {r['rows']} | {r['mode']} | {r['copy_ms']:.3f} | {r['vllm_pytorch_ms']:.3f} | {mid}{tail} |")
+    split_out = []
+    if cuda and ns.split_rows:
+        vllm_split = {n: loader.kernel(f"vllm.v1.sample.ops.topk_topp_triton.{n}") for n in contracts.SPLIT_KERNELS}
+        split_out = [measure_split(int(b), vllm_split, vllm_kernel) for b in ns.split_rows.split(",")]
+        ok = ok and all(r["ours_equals_port"] for r in split_out)
+        lines += ["", "Top-p 0.9 alone (vLLM's CUDA path: the split pipeline for <= 64 rows):", "",
+                  "| rows | slices | copy | ours, split | vLLM, split | ours, monolithic | vLLM, monolithic | ours = port | "
+                  "rows where vLLM's split keeps another set |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in split_out:
+            lines.append(f"| {r['rows']} | {r['slices']} | {r['copy_ms']:.3f} | {r['ours_split_ms']:.3f} | {r['vllm_split_ms']:.3f} | "
+                         f"{r['ours_monolithic_ms']:.3f} | {r['vllm_monolithic_ms']:.3f} | {r['ours_equals_port']} | "
+                         f"{r['vllm_split_rows_differing']} |")
     text = "\n".join(lines)
     print(text)
-    write_report(Path(ns.out), "topk-topp", text, {"device": where, "rows": rows_out, "overflow_probe": probe})
+    write_report(Path(ns.out), "topk-topp", text, {"device": where, "rows": rows_out, "overflow_probe": probe, "split": split_out})
     return 0 if ok else 1
 
 

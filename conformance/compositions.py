@@ -325,13 +325,35 @@ def mrv2_rejection_sample(
     return sampled, num_sampled
 
 
+def apply_topp_split(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor, *, backend: str, num_sm: int,
+                     mask_value: float = float("-inf"), workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """vLLM's ``_apply_topp_split`` (topk_topp_triton.py:1572-1615) over ``backend``: the stats kernel,
+    five step rounds and the mask, each over grid (B * S,) with S = ``_topp_split_count(B, V,
+    num_sm)``, vLLM's tiles (8192, 2048, 8192) and its workspace (``workspace``, else a fresh one of
+    vLLM's sizes). Masks ``logits`` in place: the rows with p < 1 and, given ``k``, k >= V (C36)."""
+    from conformance.kernels import topk_topp as c
+
+    b, v = logits.shape
+    s = c.split_count(b, v, num_sm)
+    stats, parts = workspace if workspace is not None else c.split_workspace(logits.device)
+    common = dict(LOGITS=logits, LOGITS_STRIDE_0=logits.stride(0), STATS=stats, K=k, P=p, HAS_K=k is not None, VOCAB_SIZE=v,
+                  S=s)
+    rounds = dict(PARTS=parts, F=8, NUM_ROUNDS=5)
+    launch(backend, c.STATS_KERNEL, (b * s,), **common, BLOCK=8192)
+    for j in range(5):
+        launch(backend, c.STEP_KERNEL, (b * s,), **common, **rounds, ROUND=j, BLOCK=2048)
+    launch(backend, c.MASK_KERNEL, (b * s,), **common, **rounds, MASK_VALUE=mask_value, BLOCK=8192)
+
+
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, *, backend: str,
-                      programs: int | None = None, mask_value: float = float("-inf")) -> torch.Tensor:
-    """vLLM's ``apply_top_k_top_p_triton`` (topk_topp_triton.py:1625-1733) over ``backend``, on the
-    monolithic kernel (the split top-p pipeline is CUDA's, for <= 64 rows). As vLLM's: no k and no p
-    (or no rows) returns ``logits`` itself; a non-unit inner stride masks a contiguous copy, which is
-    returned; ``programs`` defaults to the CPU platform's ``num_compute_units``, the thread count,
-    with vLLM's CPU tiles."""
+                      programs: int | None = None, mask_value: float = float("-inf"), cuda_sm: int | None = None) -> torch.Tensor:
+    """vLLM's ``apply_top_k_top_p_triton`` (topk_topp_triton.py:1618-1728) over ``backend``. As vLLM's:
+    no k and no p (or no rows) returns ``logits`` itself; a non-unit inner stride masks a contiguous
+    copy, which is returned. Off CUDA (``cuda_sm`` None) the monolithic kernel masks every row, with
+    ``programs`` defaulting to the CPU platform's ``num_compute_units`` (the thread count) and vLLM's
+    CPU tiles. ``cuda_sm`` takes vLLM's CUDA dispatch, as on a GPU of that many SMs, whatever device
+    the tensors are on: CUDA's tiles, and for at most 64 rows with p the split pipeline, alone
+    without k, or after the monolithic kernel (SPLIT_COVERS_PONLY) for the rows with k >= V."""
     from conformance.kernels.topk_topp import launch_args
 
     b = logits.shape[0]
@@ -339,8 +361,18 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
         return logits
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    programs = min(programs or torch.get_num_threads(), b)
-    launch(backend, "_topk_topp_kernel", (programs,), **launch_args(logits, k, p, programs=programs, mask_value=mask_value))
+    k = None if k is None else k.to(torch.int32)
+    p = None if p is None else p.to(torch.float32)
+    split = cuda_sm is not None and p is not None and b <= 64
+    if split and k is None:
+        apply_topp_split(logits, None, p, backend=backend, num_sm=cuda_sm, mask_value=mask_value)
+        return logits
+    tiles = dict(block=256, trunc=128) if cuda_sm is None else dict(block=8192, trunc=4096)
+    programs = min(programs or cuda_sm or torch.get_num_threads(), b)
+    launch(backend, "_topk_topp_kernel", (programs,),
+           **launch_args(logits, k, p, programs=programs, mask_value=mask_value, split=split, **tiles))
+    if split:
+        apply_topp_split(logits, k, p, backend=backend, num_sm=cuda_sm, mask_value=mask_value)
     return logits
 
 
@@ -366,6 +398,7 @@ def apply_sampling_constraints(logits: torch.Tensor, cu_num_draft_tokens: torch.
 __all__ = [
     "apply_sampling_constraints",
     "apply_top_k_top_p",
+    "apply_topp_split",
     "SamplingMetadata",
     "compute_fly_entropy",
     "expand_batch_to_tokens",

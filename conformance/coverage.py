@@ -300,6 +300,47 @@ def _untouched(kernel: str, a: Args, out: Outputs) -> int:
     return sum(not cut for _, cut in _topk_rows(a))
 
 
+def _split_searches(kernel: str, a: Args) -> list[str]:
+    """The status of each owned row's search when this launch starts reading the workspace's
+    records ("search" after every round the launch replays: it searches itself or reads the
+    finishing record)."""
+    from reference.topk_topp import replay
+
+    rounds = a["ROUND"] if kernel == topk_topp.STEP_KERNEL else a["NUM_ROUNDS"] - 1
+    out = []
+    for r in range(topk_topp.split_rows(a)):
+        if topk_topp.owned(a, r):
+            state = replay(a, r, 0, rounds)
+            out.append("no finite logit" if state is None else state.status)
+    return out
+
+
+def _split_status(status: str, last: bool) -> Callable[[str, Args, Outputs], int]:
+    def count(kernel: str, a: Args, out: Outputs) -> int:
+        if kernel == topk_topp.STEP_KERNEL and last != (a["ROUND"] == a["NUM_ROUNDS"] - 1):
+            return 0
+        return _split_searches(kernel, a).count(status)
+    return count
+
+
+def _split_ties(kernel: str, a: Args, out: Outputs) -> int:
+    from reference.topk_topp import cutoffs
+
+    n = 0
+    for r in range(topk_topp.split_rows(a)):
+        if topk_topp.owned(a, r):
+            x = topk_topp.row_values(a, r)
+            cut = cutoffs(x, None, topk_topp.split_steps(a, r)[1], False).get("top-p")
+            n += cut is not None and cut[1] < int((x == cut[0]).sum())
+    return n
+
+
+def _split_foreign(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not topk_topp.owned(a, r) for r in range(topk_topp.split_rows(a)))
+
+
+_SPLIT = (topk_topp.STATS_KERNEL, topk_topp.STEP_KERNEL, topk_topp.MASK_KERNEL)
+
 CLASSES: tuple[StateClass, ...] = (
     StateClass("all accepted", (K1, K2), _all_accepted, "a row with drafts whose every draft is accepted: the bonus is written"),
     StateClass("first draft rejected", (K1, K2), _first_rejected, "a row with drafts rejected at position 0"),
@@ -341,6 +382,15 @@ CLASSES: tuple[StateClass, ...] = (
     StateClass("top-p after top-k", (topk_topp.KERNEL,), _topp_after_topk, "top-p drops part of what top-k kept"),
     StateClass("row untouched", (topk_topp.KERNEL,), _untouched,
                "neither step applies (k >= V, at most k finite logits, p >= 1, split rows, all -inf): no write"),
+    StateClass("a round ends the search", (topk_topp.STEP_KERNEL, topk_topp.MASK_KERNEL), _split_status("found", False),
+               "a row's cut-off found by the records of an earlier round (C36): nothing left to weigh"),
+    StateClass("the last round finishes", (topk_topp.STEP_KERNEL,), _split_status("search", True),
+               "a row still searching at the last round: each program searches the whole row (C36)"),
+    StateClass("the finishing record read", (topk_topp.MASK_KERNEL,), _split_status("search", False),
+               "a row the rounds left searching: the mask reads its slice's finishing record (C36)"),
+    StateClass("ties split by the split pipeline", (topk_topp.MASK_KERNEL,), _split_ties,
+               "top-p's prefix ends inside a run of equal logits, kept lowest columns first across slices (C35)"),
+    StateClass("rows not the split's", _SPLIT, _split_foreign, "p >= 1, or k < V with HAS_K: every word and logit untouched"),
 )
 
 # -- hazards: rules the contract keeps because the engine behaves so ---------------------------------

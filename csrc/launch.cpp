@@ -236,7 +236,9 @@ class Launcher {
     if (!p.contiguous && !contiguous && dim > 0 && call_int(v, s_stride_, -1) != 1) return false;
     out.tensor.data = Buffer{static_cast<std::uintptr_t>(call_int(v, s_data_ptr_)), code, numel};
     if (numel != 0 && out.tensor.data.ptr == 0) return false;
-    if (contiguous) {  // one run of numel elements (conformance/kernels/_checks.py: geometry)
+    // A 2-D Strided parameter keeps its rows even when contiguous (a kernel may take its row count
+    // from the tensor, as vLLM's grid logits.shape[0] * S does): the same elements as one run.
+    if (contiguous && (p.contiguous || dim != 2)) {  // one run of numel elements (_checks.py: geometry)
       out.tensor.rows = 1;
       out.tensor.cols = numel;
       out.tensor.row_stride = numel;

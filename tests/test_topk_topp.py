@@ -311,3 +311,200 @@ def test_the_host_masks_a_contiguous_copy_of_strided_logits_and_returns_it(backe
     assert out is not logits and out.is_contiguous() and torch.equal(logits, base.t())
     # Row 1 reversed: three 3s weigh 3 of Z = 3.94 (the 2s e**-1 each, ...): p = 0.5 ends at the second 3.
     assert [(row > -INF).nonzero().flatten().tolist() for row in out] == [[1, 2], [4, 5], list(range(8))]
+
+
+# -- the split top-p pipeline (C36) ------------------------------------------------------------------
+def c35_top_p(x: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor, mask: float = -INF) -> torch.Tensor:
+    """What the split pipeline must leave: C35's top-p on the rows it owns (p < 1, and k >= V given
+    k), every other row as it was."""
+    from reference.topk_topp import stages
+
+    out = x.clone()
+    v = x.shape[1]
+    for r in range(x.shape[0]):
+        if p[r] < 1 and (k is None or k[r] >= v):
+            kept = stages(x[r], None, float(p[r]), False).get("top-p")
+            if kept is not None:
+                drop = torch.ones(v, dtype=torch.bool)
+                drop[kept] = False
+                out[r, drop] = mask
+    return out
+
+
+@st.composite
+def split_batches(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Rows of the conformance kinds, k around V (or none), p in (0, 1.5]."""
+    from conformance.strategies.topk_topp import ROWS, VOCABS, _row
+
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    b, v = draw(st.integers(1, 4)), draw(st.sampled_from(VOCABS))
+    x = torch.stack([_row(draw(st.sampled_from(ROWS)), g, v) for _ in range(b)])
+    k = torch.tensor([draw(st.sampled_from([1, v, v + 1])) for _ in range(b)], dtype=torch.int32) if draw(st.booleans()) else None
+    p = torch.tensor([draw(st.sampled_from([0.5, 0.9, 1.0, 0.25, 1e-8, 0.99999994, 1.5])) for _ in range(b)], dtype=torch.float32)
+    return x, k, p
+
+
+@ours
+@settings(max_examples=12, deadline=None)
+@given(batch=split_batches(), num_sm=st.sampled_from([1, 8, 132]))
+def test_split_pipeline_as_vllm_launches_it_is_c35_top_p(backend, batch, num_sm):
+    # vLLM's launch sequence, tiles and workspace sizes; S from its _topp_split_count.
+    x, k, p = batch
+    got = x.clone()
+    compositions.apply_topp_split(got, k, p, backend=backend, num_sm=num_sm)
+    assert torch.equal(got.view(torch.int32), c35_top_p(x, k, p).view(torch.int32))
+
+
+def split_launches(x: torch.Tensor, p: torch.Tensor, s: int, rounds: int, backends: list[str]) -> torch.Tensor:
+    """The pipeline with one backend per launch (stats, each round, mask); returns the workspace."""
+    stats, parts = torch.zeros(x.shape[0] * s * 4), torch.zeros(x.shape[0] * rounds * s * 24)
+    common = dict(LOGITS=x, LOGITS_STRIDE_0=x.stride(0), STATS=stats, K=None, P=p, HAS_K=False, VOCAB_SIZE=x.shape[1], S=s, BLOCK=16)
+    grid = (x.shape[0] * s,)
+    run(backends[0], contracts.STATS_KERNEL, grid, **common)
+    for j in range(rounds):
+        run(backends[1 + j], contracts.STEP_KERNEL, grid, **common, PARTS=parts, ROUND=j, F=8, NUM_ROUNDS=rounds)
+    run(backends[-1], contracts.MASK_KERNEL, grid, **common, PARTS=parts, MASK_VALUE=-INF, F=8, NUM_ROUNDS=rounds)
+    return torch.cat([stats, parts])
+
+
+def test_any_backend_takes_over_mid_pipeline():
+    # C36 states every word: the workspace one backend leaves, another reads, bit for bit.
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 257, generator=g) * 3).round(decimals=1)  # ties at every cut-off
+    p = f32([0.9, 0.5, 0.99])
+    mixes = [["reference"] * 7, ["cpu", "triton", "reference", "cpu", "triton", "reference", "cpu"],
+             ["triton", "cpu", "cpu", "reference", "reference", "triton", "triton"]]
+    results = []
+    for mix in mixes:
+        y = x.clone()
+        results.append((split_launches(y, p, 4, 5, mix).view(torch.int32), y))
+    for words, y in results:
+        assert torch.equal(words, results[0][0])
+        assert torch.equal(y.view(torch.int32), c35_top_p(x, None, p).view(torch.int32))
+
+
+@ours
+def test_the_last_round_finishes_what_the_rounds_leave_open(backend):
+    # 1000 distinct keys packed into a few ulps around each of two values: one round (6 bins of the
+    # key range) cannot isolate the cut-off; the finishing round must search the row.
+    base = torch.tensor([1.0, 5.0]).repeat_interleave(500)
+    x = torch.stack([base + torch.arange(1000) * 1e-6, base.flip(0) - torch.arange(1000) * 1e-6])
+    p = f32([0.7, 0.3])
+    for rounds in (1, 2):
+        y = x.clone()
+        words = split_launches(y, p, 4, rounds, [backend] * (rounds + 2)).view(torch.int32)
+        assert torch.equal(y.view(torch.int32), c35_top_p(x, None, p).view(torch.int32))
+        last = words[2 * 4 * 4:].reshape(2, rounds, 4, 24)[:, -1]
+        assert (last[:, :, 0] == 1).all()  # each slice's finishing record: found
+
+
+@ours
+@settings(max_examples=8, deadline=None)
+@given(batch=split_batches())
+def test_the_host_gives_a_row_one_mask_whichever_path_it_takes(backend, batch):
+    # vLLM's CUDA dispatch (the split pipeline for <= 64 rows) and its other platforms' (the
+    # monolithic kernel) mask a row alike under C35/C36: the result does not depend on batch size.
+    x, k, p = batch
+    one = compositions.apply_top_k_top_p(x.clone(), k, p, backend=backend, programs=2)
+    two = compositions.apply_top_k_top_p(x.clone(), k, p, backend=backend, cuda_sm=132)
+    assert torch.equal(one.view(torch.int32), two.view(torch.int32))
+
+
+def split_args(kernel: str, **change: Any) -> dict[str, Any]:
+    x = f32([TIES, TIES])
+    stats, parts = contracts.split_workspace()
+    a = dict(LOGITS=x, LOGITS_STRIDE_0=8, STATS=stats, PARTS=parts, K=None, P=f32([0.5, 0.9]), ROUND=0, HAS_K=False,
+             MASK_VALUE=-INF, VOCAB_SIZE=8, S=2, F=8, NUM_ROUNDS=5, BLOCK=16)
+    a.update(change)
+    return {n: a[n] for n in contracts.SPECS[[s.name for s in contracts.SPECS].index(kernel)].arg_names}
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("kernel, change, name", [
+    (contracts.STEP_KERNEL, dict(F=3), "F"),
+    (contracts.STEP_KERNEL, dict(ROUND=5), "ROUND"),
+    (contracts.STEP_KERNEL, dict(ROUND=-1), "ROUND"),
+    (contracts.MASK_KERNEL, dict(NUM_ROUNDS=0), "NUM_ROUNDS"),
+    (contracts.MASK_KERNEL, dict(PARTS=torch.zeros(2 * 5 * 2 * 24 - 1)), "PARTS"),
+    (contracts.STATS_KERNEL, dict(STATS=torch.zeros(2 * 2 * 4 - 1)), "STATS"),
+    (contracts.STATS_KERNEL, dict(S=3), "S"),
+    (contracts.STATS_KERNEL, dict(S=128), "S"),
+    (contracts.STATS_KERNEL, dict(P=f32([0.5, math.nan])), "P"),
+    (contracts.MASK_KERNEL, dict(LOGITS=f32([TIES, [*TIES[:7], INF]])), "LOGITS"),
+    (contracts.STEP_KERNEL, dict(LOGITS_STRIDE_0=4), "LOGITS_STRIDE_0"),
+])
+def test_split_invalid_launches_are_refused(backend, kernel, change, name):
+    refused(backend, kernel, split_args(kernel, **change), ValueError, name)
+
+
+@ours
+@pytest.mark.parametrize("seed", range(4))
+def test_a_corrupted_workspace_is_read_as_defined(backend, seed):
+    # A third of the words the earlier launches wrote are overwritten with anything: C36's clamps
+    # give one result, the oracle's, and nothing escapes the buffers.
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 64, generator=g).round(decimals=1)
+    p = f32([0.9, 0.5])
+    words = split_launches(x.clone(), p, 4, 2, ["reference"] * 4).view(torch.int32)
+    hit = torch.rand(words.shape, generator=g) < 1 / 3
+    words[hit] = torch.randint(-(2**31), 2**31, (int(hit.sum()),), generator=g).to(torch.int32)
+    stats, parts = words[: 2 * 4 * 4].view(torch.float32), words[2 * 4 * 4:].view(torch.float32)
+    out = {}
+    for name in ("reference", backend):
+        a = dict(LOGITS=x.clone(), LOGITS_STRIDE_0=64, STATS=stats.clone(), PARTS=parts.clone(), K=None, P=p, HAS_K=False,
+                 MASK_VALUE=-INF, S=4, F=8, NUM_ROUNDS=2, VOCAB_SIZE=64, BLOCK=16)
+        run(name, contracts.MASK_KERNEL, (8,), **a)
+        out[name] = a["LOGITS"].view(torch.int32)
+    assert torch.equal(out[backend], out["reference"])
+
+
+# -- vLLM's own split pipeline (interpreted here; compiled in benchmarks/topk_topp.py) -------------------
+@pytest.fixture(scope="module")
+def vllm_split():
+    from support import vllm_spec
+
+    from conformance import engine
+
+    spec = vllm_spec()
+    if spec is None:
+        pytest.skip("no vLLM: set SPECDIFF_VLLM or run `nox -s engine` once")
+    before = engine.named()
+    engine.use(spec)
+    yield {n: engine.loader().kernel(f"vllm.v1.sample.ops.topk_topp_triton.{n}") for n in contracts.SPLIT_KERNELS}
+    engine.use(before or "")
+
+
+def run_vllm_split(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, s: int) -> torch.Tensor:
+    from conformance.engine import _triton_mode
+
+    if _triton_mode() == "compiled" and x.device.type == "cpu":
+        pytest.skip("vLLM's Triton kernels run on CPU tensors only interpreted (TRITON_INTERPRET=1)")
+    y = x.clone()
+    b, v = y.shape
+    stats, parts = contracts.split_workspace()
+    common = dict(LOGITS=y, LOGITS_STRIDE_0=v, STATS=stats, K=y, P=p, HAS_K=False, VOCAB_SIZE=v, S=s)
+    kernels[contracts.STATS_KERNEL][(b * s,)](**common, BLOCK=64)
+    for j in range(5):
+        kernels[contracts.STEP_KERNEL][(b * s,)](**common, PARTS=parts, ROUND=j, F=8, NUM_ROUNDS=5, BLOCK=64)
+    kernels[contracts.MASK_KERNEL][(b * s,)](**common, PARTS=parts, MASK_VALUE=-INF, F=8, NUM_ROUNDS=5, BLOCK=64)
+    return y
+
+
+def test_vllm_split_agrees_on_distinct_gaussian_rows(vllm_split):
+    # Rows without near-ties: vLLM's pivot search lands on C35's cut-off.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 300, generator=g) * 3
+    p = f32([0.5, 0.9, 0.99, 0.25])
+    assert torch.equal(run_vllm_split(vllm_split, x, p, 4), c35_top_p(x, None, p))
+
+
+def test_vllm_split_leaves_a_row_of_equal_logits_unmasked(vllm_split):
+    # D13: _topp_sb_step/mask_kernel return at once when max_prob <= min_prob * (1 + 1e-6)
+    # (topk_topp_triton.py:1278-1280, 1475-1476), so four equal finite logits at p = 0.5 all stay, where
+    # C35 (and vLLM's monolithic kernel, which keeps a prefix of ties) keeps two: a row's mask depends on
+    # whether its batch has at most 64 rows.
+    x = f32([[1.0, -INF, 1.0, 1.0, -INF, 1.0, -INF, -INF]])
+    p = f32([0.5])
+    got = run_vllm_split(vllm_split, x, p, 2)
+    assert int((got > -INF).sum()) == 4
+    assert int((c35_top_p(x, None, p) > -INF).sum()) == 2

@@ -77,7 +77,8 @@ def _value(key):
 @triton.jit
 def _weight(x, row_max):
     # C35: floor(exp32(x - max) * 2**32); the float32 product is exact, the cast floors.
-    return (exp32(x - row_max) * 4294967296.0).to(tl.int64)
+    # At most 1: the split kernels take the maximum from a workspace, which may hold anything.
+    return (tl.minimum(exp32(x - row_max), 1.0) * 4294967296.0).to(tl.int64)
 
 
 @triton.jit
@@ -236,4 +237,238 @@ def _topk_topp_kernel(
                 rank = seen + tl.cumsum(tie, 0) - tie
                 keep = (key > pivot) | ((tie != 0) & (rank < ties))
                 tl.store(row + offs, tl.where(keep, x, MASK_VALUE), mask=inside)
+                seen += tl.sum(tie)
+
+
+# The split top-p pipeline (C36; reference/topk_topp.py states each word of the workspace). Grid
+# (B * S,): program pid takes slice pid % S of row pid // S. The workspace is float32 storage of
+# int32 words, bitcast both ways.
+KEY_NEG_INF = tl.constexpr(-2139095041)
+KEY_MAX = tl.constexpr(0x7F7FFFFF)
+KEY_POS_INF = tl.constexpr(0x7F800000)
+INT32_MIN = tl.constexpr(-(2**31))
+INT32_MAX = tl.constexpr(2**31 - 1)
+MASS_MAX = tl.constexpr(2**53)
+MAX_PASSES = tl.constexpr(64)
+
+
+@triton.jit
+def _word(ptr):
+    return tl.load(ptr).to(tl.int32, bitcast=True).to(tl.int64)
+
+
+@triton.jit
+def _put(ptr, value, mask=None):
+    tl.store(ptr, value.to(tl.int32).to(tl.float32, bitcast=True), mask=mask)
+
+
+@triton.jit
+def _clamp(x, lo, hi):
+    return tl.minimum(tl.maximum(x, lo), hi)
+
+
+@triton.jit
+def _split_slice(pid, S: tl.constexpr, VOCAB_SIZE: tl.constexpr):
+    # (row, slice, first column, end column) of a program.
+    SLICE: tl.constexpr = (VOCAB_SIZE + S - 1) // S
+    me = pid % S
+    start = tl.minimum(me * SLICE, VOCAB_SIZE)
+    return pid // S, me, start, tl.minimum(start + SLICE, VOCAB_SIZE)
+
+
+@triton.jit
+def _split_owned(K, P, row, HAS_K: tl.constexpr, VOCAB_SIZE: tl.constexpr):
+    p = tl.load(P + row)
+    own = p < 1.0
+    if HAS_K:
+        own = own & (tl.load(K + row) >= VOCAB_SIZE)
+    return own, p
+
+
+@triton.jit
+def _split_start(STATS, row, S: tl.constexpr):
+    # The search's range from STATS: [smallest finite key, largest key] over the row's slices.
+    w = STATS + tl.cast(row, tl.int64) * S * 4 + tl.arange(0, S) * 4
+    hi = _clamp(tl.max(tl.load(w).to(tl.int32, bitcast=True).to(tl.int64)), KEY_NEG_INF, KEY_MAX)
+    lo = _clamp(tl.min(tl.load(w + 1).to(tl.int32, bitcast=True).to(tl.int64)), KEY_NEG_INF + 1, hi)
+    return lo, hi
+
+
+@triton.jit
+def _split_partials(src, start, end, lo, hi, m, F: tl.constexpr, BLOCK: tl.constexpr):
+    # Mass, smallest and largest key of the finite logits of columns [start, end) in each of 3F/4
+    # equal bins of [lo, hi] (bins F*3/4 .. F - 1 stay empty).
+    NB: tl.constexpr = 3 * F // 4
+    b = tl.arange(0, F)
+    mass = tl.zeros([F], tl.int64)
+    mn = tl.full([F], INT32_MAX, tl.int64)
+    mx = tl.full([F], INT32_MIN, tl.int64)
+    width = hi - lo + 1
+    for i in range(start, end, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(src + offs, mask=offs < end, other=-float("inf"))
+        k = _key(x)
+        live = (x > -float("inf")) & (k >= lo) & (k <= hi)
+        hit = live[None, :] & ((((k - lo) * NB) // width)[None, :] == b[:, None])
+        w = tl.where(live, _weight(x, m), 0)
+        mass += tl.sum(tl.where(hit, w[None, :], 0), axis=1)
+        mn = tl.minimum(mn, tl.min(tl.where(hit, k[None, :], INT32_MAX), axis=1))
+        mx = tl.maximum(mx, tl.max(tl.where(hit, k[None, :], INT32_MIN), axis=1))
+    return mass, mn, mx
+
+
+@triton.jit
+def _split_records(PARTS, base, S: tl.constexpr, F: tl.constexpr):
+    # Round records of S slices from word `base`: [S, F] masses, smallest and largest keys.
+    NB: tl.constexpr = 3 * F // 4
+    b = tl.arange(0, F)[None, :]
+    ok = (b < NB) & (tl.arange(0, S)[:, None] >= 0)
+    w = PARTS + base + tl.arange(0, S)[:, None] * (F * 3) + b * 4
+    low = tl.load(w, mask=ok, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    high = tl.load(w + 1, mask=ok, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    mn = tl.load(w + 2, mask=ok, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    mx = tl.load(w + 3, mask=ok, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    mass = _clamp(high * 4294967296 + (low & 0xFFFFFFFF), 0, MASS_MAX)
+    return tl.where(ok, mass, 0), tl.where(ok, mn, INT32_MAX), tl.where(ok, mx, INT32_MIN)
+
+
+@triton.jit
+def _split_combine(mass_s, mn_s, mx_s, me, status, lo, hi, m, p, need, above, cut, keep, before,
+                   SL: tl.constexpr, F: tl.constexpr):
+    # One round of the search (reference/topk_topp.Search.combine) over SL slices' records; a row
+    # whose search has ended (status 1: found, 2: none) passes through unchanged.
+    b = tl.arange(0, F)
+    mass = tl.sum(mass_s, axis=0)
+    searching = status == 0
+    need = tl.where(searching & (need < 0), _need(p, above + tl.sum(mass)), need)
+    over = above + tl.sum(tl.where(b[None, :] > b[:, None], mass[None, :], 0), axis=1)
+    pick = tl.max(tl.where((mass > 0) & (over + mass >= need), b, -1))
+    sel = b == pick
+    new_lo = _clamp(tl.min(tl.where(sel, tl.min(mn_s, axis=0), INT32_MAX)), lo, hi)
+    new_hi = _clamp(tl.max(tl.where(sel, tl.max(mx_s, axis=0), INT32_MIN)), new_lo, hi)
+    new_above = tl.sum(tl.where(sel, over, 0))
+    w = _weight(_value(new_lo), m)
+    ties = tl.sum(tl.where(sel[None, :], mass_s, 0), axis=1) // tl.maximum(w, 1)
+    ties = tl.where(w > 0, ties, 0)
+    room = need - 1 - new_above
+    new_keep = tl.where((room < 0) | (w == 0), 0, tl.minimum(tl.sum(ties), room // tl.maximum(w, 1) + 1))
+    ends = new_lo == new_hi
+    go = searching & (pick >= 0)
+    status = tl.where(searching & (pick < 0), 2, tl.where(go & ends, 1, status))
+    cut = tl.where(go & ends, new_lo, cut)
+    keep = tl.where(go & ends, new_keep, keep)
+    before = tl.where(go & ends, tl.sum(tl.where(tl.arange(0, SL) < me, ties, 0)), before)
+    return status, tl.where(go, new_lo, lo), tl.where(go, new_hi, hi), need, tl.where(go, new_above, above), cut, keep, before
+
+
+@triton.jit
+def _topp_sb_stats_kernel(LOGITS, LOGITS_STRIDE_0, STATS, K, P, HAS_K: tl.constexpr, VOCAB_SIZE: tl.constexpr,
+                          S: tl.constexpr, BLOCK: tl.constexpr):
+    row, me, start, end = _split_slice(tl.program_id(0), S, VOCAB_SIZE)
+    own, p = _split_owned(K, P, row, HAS_K, VOCAB_SIZE)
+    if own:
+        src = LOGITS + tl.cast(row, tl.int64) * LOGITS_STRIDE_0
+        top = tl.full((), KEY_NEG_INF, tl.int64)
+        bottom = tl.full((), KEY_POS_INF, tl.int64)
+        for i in range(start, end, BLOCK):
+            offs = i + tl.arange(0, BLOCK)
+            x = tl.load(src + offs, mask=offs < end, other=-float("inf"))
+            k = _key(x)
+            top = tl.maximum(top, tl.max(k))
+            bottom = tl.minimum(bottom, tl.min(tl.where(x > -float("inf"), k, KEY_POS_INF)))
+        w = STATS + (tl.cast(row, tl.int64) * S + me) * 4
+        _put(w, top)
+        _put(w + 1, bottom)
+        _put(w + 2, top * 0)
+        _put(w + 3, top * 0)
+
+
+@triton.jit
+def _split_replay(PARTS, row, me, rounds, lo, hi, m, p, S: tl.constexpr, F: tl.constexpr, NUM_ROUNDS: tl.constexpr):
+    # The row's search after the records of rounds 0 .. rounds - 1.
+    status = tl.zeros((), tl.int32)
+    need = tl.full((), -1, tl.int64)
+    above = tl.zeros((), tl.int64)
+    cut = tl.zeros((), tl.int64)
+    keep = tl.zeros((), tl.int64)
+    before = tl.zeros((), tl.int64)
+    for j in range(0, rounds):
+        if status == 0:
+            mass, mn, mx = _split_records(PARTS, ((tl.cast(row, tl.int64) * NUM_ROUNDS + j) * S) * F * 3, S, F)
+            status, lo, hi, need, above, cut, keep, before = _split_combine(
+                mass, mn, mx, me, status, lo, hi, m, p, need, above, cut, keep, before, S, F)
+    return status, lo, hi, need, above, cut, keep, before
+
+
+@triton.jit
+def _topp_sb_step_kernel(LOGITS, LOGITS_STRIDE_0, STATS, PARTS, K, P, ROUND, HAS_K: tl.constexpr, S: tl.constexpr,
+                         F: tl.constexpr, NUM_ROUNDS: tl.constexpr, VOCAB_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    row, me, start, end = _split_slice(tl.program_id(0), S, VOCAB_SIZE)
+    own, p = _split_owned(K, P, row, HAS_K, VOCAB_SIZE)
+    lo, hi = _split_start(STATS, row, S)
+    if own & (hi != KEY_NEG_INF):
+        m = _value(hi)
+        status, lo, hi, need, above, cut, keep, before = _split_replay(PARTS, row, me, ROUND, lo, hi, m, p, S, F, NUM_ROUNDS)
+        slot = PARTS + ((tl.cast(row, tl.int64) * NUM_ROUNDS + ROUND) * S + me) * F * 3
+        src = LOGITS + tl.cast(row, tl.int64) * LOGITS_STRIDE_0
+        if status == 0:
+            if ROUND == NUM_ROUNDS - 1:
+                # The last round finishes the search over the whole row, pass after pass.
+                passes = 0
+                while (status == 0) & (passes < MAX_PASSES):
+                    mass, mn, mx = _split_partials(src, 0, VOCAB_SIZE, lo, hi, m, F, BLOCK)
+                    status, lo, hi, need, above, cut, keep, before = _split_combine(
+                        mass[None, :], mn[None, :], mx[None, :], 0, status, lo, hi, m, p, need, above, cut, keep, before, 1, F)
+                    passes += 1
+                ties = tl.zeros((), tl.int64)
+                for i in range(0, start, BLOCK):
+                    offs = i + tl.arange(0, BLOCK)
+                    x = tl.load(src + offs, mask=offs < start, other=-float("inf"))
+                    ties += tl.sum(((offs < start) & (_key(x) == cut)).to(tl.int64))
+                found = status == 1
+                i = tl.arange(0, 4 * F)
+                rec = tl.where(i == 0, tl.where(found, 1, 2), 0)
+                rec = tl.where(found & (i == 1), cut, rec)
+                rec = tl.where(found & (i == 2), keep, rec)
+                rec = tl.where(found & (i == 3), ties, rec)
+                _put(slot + i, rec, mask=i < 3 * F)
+            else:
+                NB: tl.constexpr = 3 * F // 4
+                mass, mn, mx = _split_partials(src, start, end, lo, hi, m, F, BLOCK)
+                b = tl.arange(0, F)
+                _put(slot + b * 4, mass & 0xFFFFFFFF, mask=b < NB)
+                _put(slot + b * 4 + 1, mass >> 32, mask=b < NB)
+                _put(slot + b * 4 + 2, mn, mask=b < NB)
+                _put(slot + b * 4 + 3, mx, mask=b < NB)
+
+
+@triton.jit
+def _topp_sb_mask_kernel(LOGITS, LOGITS_STRIDE_0, STATS, PARTS, K, P, HAS_K: tl.constexpr, MASK_VALUE: tl.constexpr,
+                         S: tl.constexpr, F: tl.constexpr, NUM_ROUNDS: tl.constexpr, VOCAB_SIZE: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    row, me, start, end = _split_slice(tl.program_id(0), S, VOCAB_SIZE)
+    own, p = _split_owned(K, P, row, HAS_K, VOCAB_SIZE)
+    lo, hi = _split_start(STATS, row, S)
+    if own & (hi != KEY_NEG_INF):
+        m = _value(hi)
+        status, lo, hi, need, above, cut, keep, before = _split_replay(
+            PARTS, row, me, NUM_ROUNDS - 1, lo, hi, m, p, S, F, NUM_ROUNDS)
+        if status == 0:
+            slot = PARTS + ((tl.cast(row, tl.int64) * NUM_ROUNDS + NUM_ROUNDS - 1) * S + me) * F * 3
+            status = tl.where(_word(slot) == 1, 1, 2)
+            cut = _word(slot + 1)
+            keep = _word(slot + 2)
+            before = _word(slot + 3)
+        if status == 1:
+            src = LOGITS + tl.cast(row, tl.int64) * LOGITS_STRIDE_0
+            seen = before
+            for i in range(start, end, BLOCK):
+                offs = i + tl.arange(0, BLOCK)
+                inside = offs < end
+                x = tl.load(src + offs, mask=inside, other=-float("inf"))
+                k = _key(x)
+                tie = (inside & (k == cut)).to(tl.int64)
+                rank = tl.cumsum(tie, 0) - tie + seen
+                kept = (k > cut) | ((tie != 0) & (rank < keep))
+                tl.store(src + offs, tl.where(kept, x, MASK_VALUE), mask=inside)
                 seen += tl.sum(tie)

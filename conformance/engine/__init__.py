@@ -184,6 +184,12 @@ TRITON_CAPABILITIES = (
         "index a Python int, which has no .to: compiled only",
     ),
     Capability(
+        "vLLM's own split workspace", ("_topp_sb_stats_kernel", "_topp_sb_step_kernel", "_topp_sb_mask_kernel"),
+        lambda spec, a: True,
+        "0.33.0's split top-p kernels keep float32 softmax partials of a probability-pivot search in STATS and PARTS, "
+        "not C36's words: one kernel cannot be compared alone (tests/test_topk_topp.py compares the pipeline's logits)",
+    ),
+    Capability(
         "libdevice log1p, interpreted", ("_resample_kernel",), _interpreted_log1p,
         "0.33.0's MRV2 resample takes the draft's distribution out with tldevice.log1p, which Triton's interpreter "
         "cannot run: compiled only",

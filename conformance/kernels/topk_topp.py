@@ -77,9 +77,23 @@ def check_buffer(a: Mapping[str, Any]) -> None:
                 f"must have shape [programs >= 1, VOCAB_SIZE={v}], got {tuple(buffer.shape)}")
 
 
+def _check_rows(k: str, a: Mapping[str, Any], b: int) -> None:
+    """B rows of VOCAB_SIZE logits inside LOGITS, not overlapping (C31: they are written), each
+    cell finite or -inf (C30)."""
+    v, s = a["VOCAB_SIZE"], a["LOGITS_STRIDE_0"]
+    if b > 1:
+        require(s >= v, k, "LOGITS_STRIDE_0", f"must be >= VOCAB_SIZE={v} (rows written may not overlap), got {s}")
+    require_rows(k, "LOGITS", a["LOGITS"], b, s, v)
+    rows = torch.stack([row_values(a, r) for r in range(b)])
+    bad = torch.isnan(rows) | (rows == float("inf"))
+    if bool(bad.any()):
+        r, c = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"{k}: 'LOGITS' must hold finite values or -inf (C30); row {r}, column {c} holds {float(rows[r, c])}")
+
+
 def _preconditions(a: Mapping[str, Any]) -> None:
     k = KERNEL
-    b, v, s = a["BATCH_SIZE"], a["VOCAB_SIZE"], a["LOGITS_STRIDE_0"]
+    b, v = a["BATCH_SIZE"], a["VOCAB_SIZE"]
     at_least(k, "BATCH_SIZE", b, 0)
     at_least(k, "VOCAB_SIZE", v, 1)
     require(v <= MAX_VOCAB, k, "VOCAB_SIZE", f"must be at most {MAX_VOCAB} (C35: a row's mass is exact in float64)")
@@ -91,15 +105,7 @@ def _preconditions(a: Mapping[str, Any]) -> None:
     if b == 0:
         return
     check_buffer(a)
-    # Rows are written: they may not overlap (C31 within one buffer).
-    if b > 1:
-        require(s >= v, k, "LOGITS_STRIDE_0", f"must be >= VOCAB_SIZE={v} (rows written may not overlap), got {s}")
-    require_rows(k, "LOGITS", a["LOGITS"], b, s, v)
-    rows = torch.stack([row_values(a, r) for r in range(b)])
-    bad = torch.isnan(rows) | (rows == float("inf"))
-    if bool(bad.any()):
-        r, c = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"{k}: 'LOGITS' must hold finite values or -inf (C30); row {r}, column {c} holds {float(rows[r, c])}")
+    _check_rows(k, a, b)
     if a["TOPK_ENABLED"]:
         require_length(k, "K", a["K"], b)
         top = a["K"][:b]
@@ -174,4 +180,145 @@ TOPK_TOPP = KernelSpec(
     bytes_moved=_bytes,
 )
 
-SPECS = (TOPK_TOPP,)
+
+# The split top-p pipeline (C36): _topp_sb_stats_kernel, then _topp_sb_step_kernel for ROUND = 0 ..
+# NUM_ROUNDS - 1, then _topp_sb_mask_kernel, each over grid (B * S,), program pid taking slice
+# pid % S of row pid // S. Together they mask, in place, what C35's top-p drops from each row they
+# own (p < 1 and, with HAS_K, k >= V); what they leave in STATS and PARTS is stated word for word
+# (reference/topk_topp.py), so that any backend's kernel can take over from any other's.
+STATS_KERNEL, STEP_KERNEL, MASK_KERNEL = "_topp_sb_stats_kernel", "_topp_sb_step_kernel", "_topp_sb_mask_kernel"
+SPLIT_KERNELS = (STATS_KERNEL, STEP_KERNEL, MASK_KERNEL)
+MAX_SPLITS = 64  # a round's masses, summed over slices and bins, stay below 2**63
+FANOUTS = (4, 8)  # a slice's round record holds 3F/4 bins of four words
+MAX_ROUNDS = 16
+STATS_WORDS = 4
+
+
+def split_rows(a: Mapping[str, Any]) -> int:
+    """B: the split kernels take every row of LOGITS (vLLM's grid is logits.shape[0] * S)."""
+    return int(a["LOGITS"].shape[0])
+
+
+def split_steps(a: Mapping[str, Any], r: int) -> tuple[int | None, float]:
+    """Row ``r``'s k (None without HAS_K) and p."""
+    return (int(a["K"][r]) if a["HAS_K"] else None, float(a["P"][r]))
+
+
+def owned(a: Mapping[str, Any], r: int) -> bool:
+    """The split kernels mask row ``r``: p < 1 and, with HAS_K, k >= V (a row top-k leaves whole)."""
+    k, p = split_steps(a, r)
+    return p < 1.0 and (k is None or k >= a["VOCAB_SIZE"])
+
+
+def split_count(batch: int, vocab: int, num_sm: int) -> int:
+    """vLLM's slices per row (``_topp_split_count``): doubled up to 32 while the doubled grid fits
+    the SMs or slices stay at least 7168 logits long."""
+    splits = 1
+    while splits < 32 and (splits * 2 * batch <= num_sm or splits * 2 * 7168 <= vocab):
+        splits *= 2
+    return splits
+
+
+def split_workspace(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's workspace of the split pipeline (``_apply_topp_split``): STATS [64 * 32, 4] and PARTS
+    [64, 5, 32, 8, 3], float32, sized for its largest launch."""
+    return torch.empty(64 * 32, STATS_WORDS, device=device), torch.empty(64, 5, 32, 8, 3, device=device)
+
+
+def _split_preconditions(name: str, a: Mapping[str, Any]) -> None:
+    b, v, s = split_rows(a), a["VOCAB_SIZE"], a["S"]
+    at_least(name, "VOCAB_SIZE", v, 1)
+    require(v <= MAX_VOCAB, name, "VOCAB_SIZE", f"must be at most {MAX_VOCAB} (C35: a row's mass is exact in float64)")
+    power_of_two(name, "S", s)
+    require(s <= MAX_SPLITS, name, "S", f"must be at most {MAX_SPLITS}")
+    power_of_two(name, "BLOCK", a["BLOCK"])
+    require(a["BLOCK"] <= MAX_BLOCK, name, "BLOCK", f"must be at most {MAX_BLOCK}")
+    words = b * s * STATS_WORDS
+    require(a["STATS"].numel() >= words, name, "STATS",
+            f"must hold B * S * {STATS_WORDS} = {words} elements, has {a['STATS'].numel()}")
+    if "F" in a:
+        require(a["F"] in FANOUTS, name, "F", f"must be one of {FANOUTS}, got {a['F']}")
+        at_least(name, "NUM_ROUNDS", a["NUM_ROUNDS"], 1)
+        require(a["NUM_ROUNDS"] <= MAX_ROUNDS, name, "NUM_ROUNDS", f"must be at most {MAX_ROUNDS}")
+        words = b * a["NUM_ROUNDS"] * s * a["F"] * 3
+        require(a["PARTS"].numel() >= words, name, "PARTS",
+                f"must hold B * NUM_ROUNDS * S * F * 3 = {words} elements, has {a['PARTS'].numel()}")
+    if "ROUND" in a:
+        require(0 <= a["ROUND"] < a["NUM_ROUNDS"], name, "ROUND", f"must be in [0, NUM_ROUNDS={a['NUM_ROUNDS']}), got {a['ROUND']}")
+    if b == 0:
+        return
+    _check_rows(name, a, b)
+    if a["HAS_K"]:
+        require_length(name, "K", a["K"], b)
+    require_length(name, "P", a["P"], b)
+    require(bool((a["P"][:b] > 0).all()), name, "P", "must hold p > 0 (and no NaN) in its first B entries")
+
+
+def _split_grid(a: Mapping[str, Any]) -> tuple[int, ...]:
+    return (split_rows(a) * a["S"],)
+
+
+def _split_explain(a: Mapping[str, Any], output: str, index: int) -> str:
+    from reference.topk_topp import describe_split  # imported late: the oracle imports this module
+
+    return describe_split(a, output, index)
+
+
+def _split_bytes(a: Mapping[str, Any]) -> int:
+    return 2 * split_rows(a) * a["VOCAB_SIZE"] * 4
+
+
+def _split_params(logits_role: Role = Role.IN, stats_role: Role = Role.IN) -> tuple[Any, ...]:
+    return (
+        ptr("LOGITS", (F32,), F32, "[B, V] float32 logits (finite or -inf), rows LOGITS_STRIDE_0 apart",
+            role=logits_role, ndim=(2,), contiguous=False),
+        scalar("LOGITS_STRIDE_0", "row stride of LOGITS"),
+        ptr("STATS", (F32,), F32, "[>= B * S, 4] float32 words: per slice its largest and smallest key (C36)",
+            role=stats_role, ndim=(1, 2)),
+    )
+
+
+def _split_spec(name: str, params: tuple[Any, ...]) -> KernelSpec:
+    return KernelSpec(
+        name=name,
+        family="topk_topp",
+        qualname=f"{_MODULE}.{name}",
+        params=params,
+        grid=_split_grid,
+        preconditions=lambda a: _split_preconditions(name, a),
+        flags=(Flag("HAS_K", "K", lambda x: x is not None, "True exactly when K is a tensor"),),
+        explain=_split_explain,
+        rule=lambda a, output, index, kind: "C36 split top-p",
+        bytes_moved=_split_bytes,
+    )
+
+
+def _k_p() -> tuple[Any, ...]:
+    return (
+        ptr("K", (I32,), I32, "[B] k per row; unread (vLLM passes LOGITS) unless HAS_K", optional=True, unread_unless="HAS_K"),
+        ptr("P", (F32,), F32, "[B] p > 0 per row; rows with p >= 1 are left alone"),
+    )
+
+
+def _parts(role: Role) -> Any:
+    return ptr("PARTS", (F32,), F32, "float32 words, NUM_ROUNDS * S * F * 3 per row: each slice's record of each "
+               "round (vLLM: [64, 5, 32, 8, 3])", role=role, ndim=(1, 5))
+
+
+_HAS_K = constexpr("HAS_K", "K is given: rows with k < V are top-k's (the monolithic kernel masks them)")
+_VOCAB = constexpr("VOCAB_SIZE", "V, the columns of a row")
+_S = constexpr("S", "slices per row (a power of two, at most 64)")
+_F = constexpr("F", "vLLM's pivot fan-out (4 or 8): a round's record is F * 3 words, 3F/4 key bins")
+_ROUNDS = constexpr("NUM_ROUNDS", "launches of the step kernel (vLLM: 5); the last finishes the search")
+_BLOCK = constexpr("BLOCK", "tile width over a slice (a power of two; the result does not depend on it)")
+
+TOPP_STATS = _split_spec(STATS_KERNEL, (
+    *_split_params(stats_role=Role.OUT), *_k_p(), _HAS_K, _VOCAB, _S, _BLOCK))
+TOPP_STEP = _split_spec(STEP_KERNEL, (
+    *_split_params(), _parts(Role.INOUT), *_k_p(), scalar("ROUND", "which round this launch runs, 0 .. NUM_ROUNDS - 1"),
+    _HAS_K, _S, _F, _ROUNDS, _VOCAB, _BLOCK))
+TOPP_MASK = _split_spec(MASK_KERNEL, (
+    *_split_params(logits_role=Role.INOUT), _parts(Role.IN), *_k_p(), _HAS_K,
+    constexpr("MASK_VALUE", "what a masked logit becomes (float32)", dtypes=(F32,)), _S, _F, _ROUNDS, _VOCAB, _BLOCK))
+
+SPECS = (TOPK_TOPP, TOPP_STATS, TOPP_STEP, TOPP_MASK)

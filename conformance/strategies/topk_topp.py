@@ -16,7 +16,7 @@ from conformance.strategies import cases_for, generator, seeds
 
 # Few vocabulary sizes: VOCAB_SIZE is a constexpr (each one compiles anew).
 VOCABS = [1, 2, 3, 8, 13, 64, 100, 257]
-ROWS = ["gaussian", "levels", "neighbours", "masked", "all -inf", "one finite", "equal", "outlier", "zeros", "wide"]
+ROWS = ["gaussian", "levels", "neighbours", "masked", "all -inf", "one finite", "equal", "outlier", "zeros", "wide", "exact"]
 
 
 def _row(kind: str, g: torch.Generator, v: int) -> torch.Tensor:
@@ -42,6 +42,14 @@ def _row(kind: str, g: torch.Generator, v: int) -> torch.Tensor:
         x[int(torch.randint(0, v, (), generator=g))] = 150.0
     elif kind == "zeros":
         x = torch.where(torch.rand(v, generator=g) < 0.5, torch.tensor(-0.0), torch.tensor(0.0))
+    elif kind == "exact":  # up to 8 distinct keys that all weigh 2**32: p = j/8 ends a prefix exactly at a key
+        a = torch.tensor(0.1, dtype=torch.float32)  # its ulp is below 2**-25 of it: exp32 of the gaps rounds to 1
+        near = [a]
+        for _ in range(3):
+            near.append(torch.nextafter(near[-1], torch.tensor(0.0)))
+        x = torch.full((v,), float("-inf"))
+        at = torch.randperm(v, generator=g)[:8]
+        x[at] = torch.stack(near)[torch.randint(0, 4, (at.numel(),), generator=g)]
     elif kind == "wide":  # magnitudes where float32 subtraction rounds: weights underflow to 0
         x = x * 1e4
     return x
@@ -99,3 +107,106 @@ def _case(draw: st.DrawFn) -> Case:
 @cases_for(contracts.KERNEL)
 def cases() -> st.SearchStrategy[Case]:
     return _case()
+
+
+# The split top-p pipeline (C36): a launch of one of its three kernels, its workspace as the
+# pipeline's earlier launches left it (run by the oracle), left with stale words from another batch,
+# or with some words overwritten by anything (the kernels read them as they are: any word is defined).
+SPLITS = [1, 2, 4, 16]  # 16 slices exceed the small vocabularies: empty slices
+WORKSPACES = ["as written", "stale", "corrupted"]
+
+
+def _split_launch(draw: st.DrawFn, g: torch.Generator) -> dict:
+    b = draw(st.integers(0, 4))
+    v = draw(st.sampled_from(VOCABS))
+    kinds = [draw(st.sampled_from(ROWS)) for _ in range(b)]
+    for kind in set(kinds):
+        event(f"row: {kind}")
+    rows = torch.stack([_row(kind, g, v) for kind in kinds]) if b else torch.zeros(0, v)
+    layout = draw(st.sampled_from(["packed", "padded", "view"]))
+    stride = v if layout == "packed" else v + draw(st.integers(1, 5))
+    wide = torch.randn(max(b, 1), stride, generator=g)
+    wide[:b, :v] = rows
+    logits = {"packed": rows.clone(), "padded": wide[:b].contiguous(), "view": wide[:b, :v]}[layout]
+    has_k = draw(st.booleans())
+    k = torch.tensor([draw(st.sampled_from([1, max(v - 1, 1), v, v + 3, 2**31 - 1])) for _ in range(b)], dtype=torch.int32)
+    p = torch.tensor([draw(st.one_of(st.sampled_from([0.5, 0.9, 1.0, 0.25, 1.5, 1e-8, 0.99999994, 0.125, 0.375, 0.625, 0.875]),
+                                     st.floats(0.0078125, 1.0, width=32)))
+                      for _ in range(b)], dtype=torch.float32)
+    s, f, rounds = draw(st.sampled_from(SPLITS)), draw(st.sampled_from(contracts.FANOUTS)), draw(st.sampled_from([1, 2, 5]))
+    if draw(st.booleans()):
+        stats, parts = contracts.split_workspace()
+        stats.zero_(), parts.zero_()
+        rounds = 5
+        s = min(s, 32)
+    else:  # sized exactly
+        stats, parts = torch.zeros(b * s, contracts.STATS_WORDS), torch.zeros(b * rounds * s * f * 3)
+    return dict(LOGITS=logits, LOGITS_STRIDE_0=stride, STATS=stats, PARTS=parts, K=k if has_k else None, P=p, HAS_K=has_k,
+                VOCAB_SIZE=v, S=s, F=f, NUM_ROUNDS=rounds, BLOCK=draw(st.sampled_from([4, 16, 64, 256])),
+                MASK_VALUE=draw(st.sampled_from([float("-inf"), -1e9, 0.0])))
+
+
+def _workspace(draw: st.DrawFn, g: torch.Generator, a: dict, rounds: int) -> None:
+    """Runs the oracle's stats kernel and `rounds` step rounds over the case's logits, then ages or
+    corrupts the workspace as drawn."""
+    import reference.topk_topp as oracle  # the oracle writes what the earlier launches leave
+
+    how = draw(st.sampled_from(WORKSPACES))
+    event(f"workspace: {how}")
+    if how == "stale":  # words of another batch wherever this one writes nothing
+        for t in (a["STATS"], a["PARTS"]):
+            t.view(torch.int32).copy_(torch.randint(-(2**31), 2**31, t.shape, generator=g, dtype=torch.int64).to(torch.int32))
+    x = a["LOGITS"]  # read only: the stats and step kernels write the workspace alone
+    common = {n: a[n] for n in ("LOGITS_STRIDE_0", "K", "P", "HAS_K", "VOCAB_SIZE", "S")}
+    oracle._topp_sb_stats_kernel(LOGITS=x, STATS=a["STATS"], BLOCK=a["BLOCK"], **common)
+    for j in range(rounds):
+        oracle._topp_sb_step_kernel(LOGITS=x, STATS=a["STATS"], PARTS=a["PARTS"], ROUND=j, F=a["F"],
+                                    NUM_ROUNDS=a["NUM_ROUNDS"], BLOCK=a["BLOCK"], **common)
+    if how == "corrupted":
+        for t in (a["STATS"], a["PARTS"]):
+            words = t.view(-1).view(torch.int32)
+            n = words.numel()
+            if n:
+                at = torch.randint(0, n, (draw(st.integers(1, 8)),), generator=g)
+                words[at] = torch.tensor([draw(st.integers(-(2**31), 2**31 - 1)) for _ in range(at.numel())], dtype=torch.int32)
+
+
+def _split_args(a: dict, names: tuple[str, ...]) -> dict:
+    return {n: a[n] for n in names}
+
+
+@cases_for(contracts.STATS_KERNEL)
+def stats_cases() -> st.SearchStrategy[Case]:
+    @st.composite
+    def case(draw: st.DrawFn) -> Case:
+        g = generator(draw(seeds))
+        a = _split_launch(draw, g)
+        return Case(contracts.STATS_KERNEL, _split_args(a, contracts.TOPP_STATS.arg_names))
+
+    return case()
+
+
+@cases_for(contracts.STEP_KERNEL)
+def step_cases() -> st.SearchStrategy[Case]:
+    @st.composite
+    def case(draw: st.DrawFn) -> Case:
+        g = generator(draw(seeds))
+        a = _split_launch(draw, g)
+        a["ROUND"] = draw(st.integers(0, a["NUM_ROUNDS"] - 1))
+        event(f"round: {'last' if a['ROUND'] == a['NUM_ROUNDS'] - 1 else a['ROUND']}")
+        _workspace(draw, g, a, a["ROUND"])
+        return Case(contracts.STEP_KERNEL, _split_args(a, contracts.TOPP_STEP.arg_names))
+
+    return case()
+
+
+@cases_for(contracts.MASK_KERNEL)
+def mask_cases() -> st.SearchStrategy[Case]:
+    @st.composite
+    def case(draw: st.DrawFn) -> Case:
+        g = generator(draw(seeds))
+        a = _split_launch(draw, g)
+        _workspace(draw, g, a, a["NUM_ROUNDS"])
+        return Case(contracts.MASK_KERNEL, _split_args(a, contracts.TOPP_MASK.arg_names))
+
+    return case()
