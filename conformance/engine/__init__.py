@@ -96,6 +96,8 @@ class _HostFunction:
 
 
 def _triton_kernel(spec: KernelSpec) -> Any:
+    if spec.engine_apart:
+        return None
     kernel = loader().kernel(spec.qualname)
     return _HostFunction(kernel) if spec.host and kernel is not None else kernel
 
@@ -182,12 +184,6 @@ TRITON_CAPABILITIES = (
         "a tl.range variable's .to, interpreted", ("_topk_topp_kernel",), lambda spec, a: _triton_mode() == "interpreted",
         "0.33.0's top-k/top-p kernel casts its tl.range row index with row_id.to(tl.int64); the interpreter makes that "
         "index a Python int, which has no .to: compiled only",
-    ),
-    Capability(
-        "vLLM's own split workspace", ("_topp_sb_stats_kernel", "_topp_sb_step_kernel", "_topp_sb_mask_kernel"),
-        lambda spec, a: True,
-        "0.33.0's split top-p kernels keep float32 softmax partials of a probability-pivot search in STATS and PARTS, "
-        "not C36's words: one kernel cannot be compared alone (tests/test_topk_topp.py compares the pipeline's logits)",
     ),
     Capability(
         "libdevice log1p, interpreted", ("_resample_kernel",), _interpreted_log1p,

@@ -290,6 +290,8 @@ def _split_spec(name: str, params: tuple[Any, ...]) -> KernelSpec:
         explain=_split_explain,
         rule=lambda a, output, index, kind: "C36 split top-p",
         bytes_moved=_split_bytes,
+        engine_apart="vLLM 0.33.0's split kernels keep float32 softmax partials of a probability-pivot search in STATS "
+                     "and PARTS, not C36's words; tests/test_topk_topp.py compares its pipeline's logits",
     )
 
 
