@@ -136,16 +136,10 @@ def measure(b: int, mode: str, k: int | None, p: float | None, cuda: bool, reps:
 
 def split_pipeline(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, num_sm: int,
                    workspace: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """``_apply_topp_split``'s launches (topk_topp_triton.py:1572-1615) of ``kernels`` over ``x``."""
-    b, v = x.shape
-    s = contracts.split_count(b, v, num_sm)
-    stats, parts = workspace
-    grid = (b * s,)
-    common = dict(LOGITS=x, LOGITS_STRIDE_0=x.stride(0), STATS=stats, K=x, P=p, HAS_K=False, VOCAB_SIZE=v, S=s, num_warps=8)
-    kernels[contracts.STATS_KERNEL][grid](**common, BLOCK=8192)
-    for j in range(5):
-        kernels[contracts.STEP_KERNEL][grid](**common, PARTS=parts, ROUND=j, F=8, NUM_ROUNDS=5, BLOCK=2048)
-    kernels[contracts.MASK_KERNEL][grid](**common, PARTS=parts, MASK_VALUE=float("-inf"), F=8, NUM_ROUNDS=5, BLOCK=8192)
+    """``_apply_topp_split``'s launches (``contracts.split_launches``) of ``kernels`` over ``x``, 8 warps."""
+    s = contracts.split_count(*x.shape, num_sm)
+    for name, grid, args in contracts.split_launches(x, None, p, slices=s, workspace=workspace):
+        kernels[name][grid](**args, num_warps=8)
 
 
 def measure_split(b: int, vllm_kernels: dict[str, Any], vllm_kernel: Any) -> dict[str, Any]:

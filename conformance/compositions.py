@@ -328,21 +328,16 @@ def mrv2_rejection_sample(
 def apply_topp_split(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor, *, backend: str, num_sm: int,
                      mask_value: float = float("-inf"), workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """vLLM's ``_apply_topp_split`` (topk_topp_triton.py:1572-1615) over ``backend``: the stats kernel,
-    five step rounds and the mask, each over grid (B * S,) with S = ``_topp_split_count(B, V,
-    num_sm)``, vLLM's tiles (8192, 2048, 8192) and its workspace (``workspace``, else a fresh one of
-    vLLM's sizes). Masks ``logits`` in place: the rows with p < 1 and, given ``k``, k >= V (C36)."""
+    five step rounds and the mask (``split_launches``), with S = ``_topp_split_count(B, V, num_sm)``
+    and vLLM's workspace (``workspace``, else a fresh one of vLLM's sizes). Masks ``logits`` in place:
+    the rows with p < 1 and, given ``k``, k >= V (C36)."""
     from conformance.kernels import topk_topp as c
 
     b, v = logits.shape
-    s = c.split_count(b, v, num_sm)
-    stats, parts = workspace if workspace is not None else c.split_workspace(logits.device)
-    common = dict(LOGITS=logits, LOGITS_STRIDE_0=logits.stride(0), STATS=stats, K=k, P=p, HAS_K=k is not None, VOCAB_SIZE=v,
-                  S=s)
-    rounds = dict(PARTS=parts, F=8, NUM_ROUNDS=5)
-    launch(backend, c.STATS_KERNEL, (b * s,), **common, BLOCK=8192)
-    for j in range(5):
-        launch(backend, c.STEP_KERNEL, (b * s,), **common, **rounds, ROUND=j, BLOCK=2048)
-    launch(backend, c.MASK_KERNEL, (b * s,), **common, **rounds, MASK_VALUE=mask_value, BLOCK=8192)
+    ws = workspace if workspace is not None else c.split_workspace(logits.device)
+    for name, grid, args in c.split_launches(logits, k, p, slices=c.split_count(b, v, num_sm), workspace=ws,
+                                             mask_value=mask_value):
+        launch(backend, name, grid, **args)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, *, backend: str,

@@ -207,7 +207,8 @@ def test_nan_and_plus_inf_logits_are_refused(backend, bad):
 
 # -- vLLM's other path: apply_top_k_top_p_pytorch, by set relations (docs/topk_topp.md) -------------
 @pytest.fixture(scope="module")
-def pytorch_path():
+def vllm_loader():
+    """vLLM 0.33.0's sources (the engine's loader), for its own functions and kernels."""
     from support import vllm_spec
 
     from conformance import engine
@@ -217,8 +218,13 @@ def pytorch_path():
         pytest.skip("no vLLM: set SPECDIFF_VLLM or run `nox -s engine` once")
     before = engine.named()
     engine.use(spec)
-    yield engine.loader().kernel("vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch")
+    yield engine.loader()
     engine.use(before or "")
+
+
+@pytest.fixture(scope="module")
+def pytorch_path(vllm_loader):
+    return vllm_loader.kernel("vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch")
 
 
 @st.composite
@@ -356,14 +362,12 @@ def test_split_pipeline_as_vllm_launches_it_is_c35_top_p(backend, batch, num_sm)
 
 
 def split_launches(x: torch.Tensor, p: torch.Tensor, s: int, rounds: int, backends: list[str]) -> torch.Tensor:
-    """The pipeline with one backend per launch (stats, each round, mask); returns the workspace."""
+    """The pipeline with one backend per launch (stats, each round, mask), on a workspace of exactly
+    its size; returns the workspace."""
     stats, parts = torch.zeros(x.shape[0] * s * 4), torch.zeros(x.shape[0] * rounds * s * 24)
-    common = dict(LOGITS=x, LOGITS_STRIDE_0=x.stride(0), STATS=stats, K=None, P=p, HAS_K=False, VOCAB_SIZE=x.shape[1], S=s, BLOCK=16)
-    grid = (x.shape[0] * s,)
-    run(backends[0], contracts.STATS_KERNEL, grid, **common)
-    for j in range(rounds):
-        run(backends[1 + j], contracts.STEP_KERNEL, grid, **common, PARTS=parts, ROUND=j, F=8, NUM_ROUNDS=rounds)
-    run(backends[-1], contracts.MASK_KERNEL, grid, **common, PARTS=parts, MASK_VALUE=-INF, F=8, NUM_ROUNDS=rounds)
+    plan = contracts.split_launches(x, None, p, slices=s, workspace=(stats, parts), rounds=rounds, blocks=(16, 16, 16))
+    for backend, (name, grid, a) in zip(backends, plan, strict=True):
+        run(backend, name, grid, **a)
     return torch.cat([stats, parts])
 
 
@@ -460,18 +464,8 @@ def test_a_corrupted_workspace_is_read_as_defined(backend, seed):
 
 # -- vLLM's own split pipeline (interpreted here; compiled in benchmarks/topk_topp.py) -------------------
 @pytest.fixture(scope="module")
-def vllm_split():
-    from support import vllm_spec
-
-    from conformance import engine
-
-    spec = vllm_spec()
-    if spec is None:
-        pytest.skip("no vLLM: set SPECDIFF_VLLM or run `nox -s engine` once")
-    before = engine.named()
-    engine.use(spec)
-    yield {n: engine.loader().kernel(f"vllm.v1.sample.ops.topk_topp_triton.{n}") for n in contracts.SPLIT_KERNELS}
-    engine.use(before or "")
+def vllm_split(vllm_loader):
+    return {n: vllm_loader.kernel(f"vllm.v1.sample.ops.topk_topp_triton.{n}") for n in contracts.SPLIT_KERNELS}
 
 
 def run_vllm_split(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, s: int) -> torch.Tensor:
@@ -480,13 +474,8 @@ def run_vllm_split(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, s:
     if _triton_mode() == "compiled" and x.device.type == "cpu":
         pytest.skip("vLLM's Triton kernels run on CPU tensors only interpreted (TRITON_INTERPRET=1)")
     y = x.clone()
-    b, v = y.shape
-    stats, parts = contracts.split_workspace()
-    common = dict(LOGITS=y, LOGITS_STRIDE_0=v, STATS=stats, K=y, P=p, HAS_K=False, VOCAB_SIZE=v, S=s)
-    kernels[contracts.STATS_KERNEL][(b * s,)](**common, BLOCK=64)
-    for j in range(5):
-        kernels[contracts.STEP_KERNEL][(b * s,)](**common, PARTS=parts, ROUND=j, F=8, NUM_ROUNDS=5, BLOCK=64)
-    kernels[contracts.MASK_KERNEL][(b * s,)](**common, PARTS=parts, MASK_VALUE=-INF, F=8, NUM_ROUNDS=5, BLOCK=64)
+    for name, grid, a in contracts.split_launches(y, None, p, slices=s, workspace=contracts.split_workspace(), blocks=(64, 64, 64)):
+        kernels[name][grid](**a)
     return y
 
 

@@ -225,6 +225,24 @@ def split_workspace(device: torch.device | str = "cpu") -> tuple[torch.Tensor, t
     return torch.empty(64 * 32, STATS_WORDS, device=device), torch.empty(64, 5, 32, 8, 3, device=device)
 
 
+def split_launches(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor, *, slices: int,
+                   workspace: tuple[torch.Tensor, torch.Tensor], mask_value: float = float("-inf"), rounds: int = 5,
+                   blocks: tuple[int, int, int] = (8192, 2048, 8192)) -> list[tuple[str, tuple[int, ...], dict[str, Any]]]:
+    """The split pipeline's launches over ``logits`` ([B, V], unit inner stride), as vLLM's
+    ``_apply_topp_split`` makes them (topk_topp_triton.py:1572-1615): (kernel, grid, arguments) of
+    the stats kernel, each round of the step kernel and the mask, F = 8, tiles ``blocks`` (vLLM's
+    CUDA tiles by default). K, when None, is vLLM's placeholder (LOGITS, unread)."""
+    b, v = logits.shape
+    stats, parts = workspace
+    grid = (b * slices,)
+    common = dict(LOGITS=logits, LOGITS_STRIDE_0=logits.stride(0), STATS=stats, K=logits if k is None else k, P=p,
+                  HAS_K=k is not None, VOCAB_SIZE=v, S=slices)
+    step = dict(common, PARTS=parts, F=8, NUM_ROUNDS=rounds)
+    return [(STATS_KERNEL, grid, dict(common, BLOCK=blocks[0])),
+            *[(STEP_KERNEL, grid, dict(step, ROUND=j, BLOCK=blocks[1])) for j in range(rounds)],
+            (MASK_KERNEL, grid, dict(step, MASK_VALUE=mask_value, BLOCK=blocks[2]))]
+
+
 def _split_preconditions(name: str, a: Mapping[str, Any]) -> None:
     b, v, s = split_rows(a), a["VOCAB_SIZE"], a["S"]
     at_least(name, "VOCAB_SIZE", v, 1)

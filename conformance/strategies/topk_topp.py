@@ -55,23 +55,27 @@ def _row(kind: str, g: torch.Generator, v: int) -> torch.Tensor:
     return x
 
 
-@st.composite
-def _case(draw: st.DrawFn) -> Case:
-    g = generator(draw(seeds))
-    b = draw(st.integers(0, 5))
-    v = draw(st.sampled_from(VOCABS))
+def _batch(draw: st.DrawFn, g: torch.Generator, b: int, v: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(rows, LOGITS, LOGITS_STRIDE_0): b rows of drawn kinds in a drawn layout: packed rows, rows inside
+    a wider buffer (its gaps compared: nothing may touch them), or vLLM's view of such a buffer."""
     kinds = [draw(st.sampled_from(ROWS)) for _ in range(b)]
     for kind in set(kinds):
         event(f"row: {kind}")
     rows = torch.stack([_row(kind, g, v) for kind in kinds]) if b else torch.zeros(0, v)
-    # Layout: packed rows, rows inside a wider buffer (its gaps compared: nothing may touch them), or
-    # vLLM's view of such a buffer.
     layout = draw(st.sampled_from(["packed", "padded", "view"]))
     stride = v if layout == "packed" else v + draw(st.integers(1, 5))
     wide = torch.randn(max(b, 1), stride, generator=g)
     wide[:b, :v] = rows
     # "padded": the buffer itself is LOGITS, VOCAB_SIZE covering part of each row.
-    logits = {"packed": rows.clone(), "padded": wide[:b].contiguous(), "view": wide[:b, :v]}[layout]
+    return rows, {"packed": rows.clone(), "padded": wide[:b].contiguous(), "view": wide[:b, :v]}[layout], stride
+
+
+@st.composite
+def _case(draw: st.DrawFn) -> Case:
+    g = generator(draw(seeds))
+    b = draw(st.integers(0, 5))
+    v = draw(st.sampled_from(VOCABS))
+    rows, logits, stride = _batch(draw, g, b, v)
     finite = [int((r > float("-inf")).sum()) for r in rows]
     topk, topp = draw(st.sampled_from([(True, False), (False, True), (True, True)]))
     k = p = None
@@ -119,15 +123,7 @@ WORKSPACES = ["as written", "stale", "corrupted"]
 def _split_launch(draw: st.DrawFn, g: torch.Generator) -> dict:
     b = draw(st.integers(0, 4))
     v = draw(st.sampled_from(VOCABS))
-    kinds = [draw(st.sampled_from(ROWS)) for _ in range(b)]
-    for kind in set(kinds):
-        event(f"row: {kind}")
-    rows = torch.stack([_row(kind, g, v) for kind in kinds]) if b else torch.zeros(0, v)
-    layout = draw(st.sampled_from(["packed", "padded", "view"]))
-    stride = v if layout == "packed" else v + draw(st.integers(1, 5))
-    wide = torch.randn(max(b, 1), stride, generator=g)
-    wide[:b, :v] = rows
-    logits = {"packed": rows.clone(), "padded": wide[:b].contiguous(), "view": wide[:b, :v]}[layout]
+    _, logits, stride = _batch(draw, g, b, v)
     has_k = draw(st.booleans())
     k = torch.tensor([draw(st.sampled_from([1, max(v - 1, 1), v, v + 3, 2**31 - 1])) for _ in range(b)], dtype=torch.int32)
     p = torch.tensor([draw(st.one_of(st.sampled_from([0.5, 0.9, 1.0, 0.25, 1.5, 1e-8, 0.99999994, 0.125, 0.375, 0.625, 0.875]),
@@ -135,10 +131,8 @@ def _split_launch(draw: st.DrawFn, g: torch.Generator) -> dict:
                       for _ in range(b)], dtype=torch.float32)
     s, f, rounds = draw(st.sampled_from(SPLITS)), draw(st.sampled_from(contracts.FANOUTS)), draw(st.sampled_from([1, 2, 5]))
     if draw(st.booleans()):
-        stats, parts = contracts.split_workspace()
-        stats.zero_(), parts.zero_()
+        stats, parts = (t.zero_() for t in contracts.split_workspace())
         rounds = 5
-        s = min(s, 32)
     else:  # sized exactly
         stats, parts = torch.zeros(b * s, contracts.STATS_WORDS), torch.zeros(b * rounds * s * f * 3)
     return dict(LOGITS=logits, LOGITS_STRIDE_0=stride, STATS=stats, PARTS=parts, K=k if has_k else None, P=p, HAS_K=has_k,
