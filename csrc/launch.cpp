@@ -27,6 +27,53 @@ std::int64_t as_int64(PyObject* o) {
   return v;
 }
 
+// One fact of a tensor: an attribute (``dtype``) or a method called without arguments
+// (``is_contiguous()``). For an exact torch.Tensor it is read through the C function of its
+// descriptor on torch._C.TensorBase, found once: the attribute lookup and the method-call
+// machinery were half of a launch's cost. Subclasses (which may redefine it in Python) and
+// anything the descriptor does not describe go through the ordinary attribute protocol.
+class Fact {
+ public:
+  Fact(const char* name, bool method) : name_(name), method_(method) {}
+
+  void bind(PyTypeObject* tensor) {
+    PyObject* d = _PyType_Lookup(tensor, name_.ptr());  // borrowed
+    if (d == nullptr) return;
+    if (!method_ && Py_IS_TYPE(d, &PyGetSetDescr_Type)) {
+      get_ = reinterpret_cast<PyGetSetDescrObject*>(d)->d_getset;
+    } else if (method_ && Py_IS_TYPE(d, &PyMethodDescr_Type)) {
+      const PyMethodDef* m = reinterpret_cast<PyMethodDescrObject*>(d)->d_method;
+      const int kind = m->ml_flags & (METH_VARARGS | METH_FASTCALL | METH_NOARGS | METH_O | METH_KEYWORDS);
+      if (kind == METH_NOARGS || kind == (METH_VARARGS | METH_KEYWORDS) || kind == METH_VARARGS) meth_ = m;
+    }
+    exact_ = tensor;
+  }
+
+  // A new reference, or null with the Python error set.
+  PyObject* of(PyObject* v) const {
+    if (Py_TYPE(v) == exact_) {
+      if (get_ != nullptr) return get_->get(v, get_->closure);
+      if (meth_ != nullptr) {
+        if (meth_->ml_flags & METH_NOARGS) return meth_->ml_meth(v, nullptr);
+        static PyObject* const none = PyTuple_New(0);
+        if (meth_->ml_flags & METH_KEYWORDS)
+          return reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)()>(meth_->ml_meth))(v, none, nullptr);
+        return meth_->ml_meth(v, none);
+      }
+    }
+    if (!method_) return PyObject_GetAttr(v, name_.ptr());
+    PyObject* stack[] = {nullptr, v};  // PY_VECTORCALL_ARGUMENTS_OFFSET: the callee may borrow the slot in front
+    return PyObject_VectorcallMethod(name_.ptr(), stack + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  }
+
+ private:
+  py::str name_;
+  bool method_;
+  PyTypeObject* exact_ = nullptr;
+  PyGetSetDef* get_ = nullptr;
+  const PyMethodDef* meth_ = nullptr;
+};
+
 class Launcher {
  public:
   Launcher(const std::string& family, const std::string& name, const py::sequence& plan, const py::sequence& flags,
@@ -64,6 +111,9 @@ class Launcher {
       for (std::size_t j = 0; j < params_.size(); ++j)
         if (params_[i].may_alias == std::string(py::str(params_[j].name))) params_[i].alias = j;
     native_ = module_.attr(entry_name_);
+    // torch.Tensor itself: the exact type whose facts are read through their descriptors.
+    for (Fact* f : {&layout_, &is_neg_, &requires_grad_, &dtype_, &is_cpu_, &shape_, &is_contiguous_, &data_ptr_})
+      f->bind(reinterpret_cast<PyTypeObject*>(tensor_type_.ptr()));
     // (constexpr, tensor parameter, expect): the contract's Flag (C26), its test called as it is.
     for (const py::handle item : flags) {
       const auto t = item.cast<py::tuple>();
@@ -152,15 +202,7 @@ class Launcher {
 
   static void absent(Arg& out) { out.tensor = Strided{Buffer{0, -1, 0}, 0, 0, 0}; }
 
-  // PY_VECTORCALL_ARGUMENTS_OFFSET lets the callee borrow the slot before the arguments, so
-  // each argument vector keeps one spare slot in front.
-  PyObject* call_method(PyObject* v, const py::str& method) const {
-    PyObject* stack[] = {nullptr, v};
-    return PyObject_VectorcallMethod(method.ptr(), stack + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  }
-
-  std::int64_t call_int(PyObject* v, const py::str& method) const { return as_int64(own(call_method(v, method)).ptr()); }
-
+  // PY_VECTORCALL_ARGUMENTS_OFFSET lets the callee borrow the slot before the arguments.
   std::int64_t call_int(PyObject* v, const py::str& method, long arg) const {
     const py::object a = own(PyLong_FromLong(arg));
     PyObject* stack[] = {nullptr, v, a.ptr()};
@@ -215,26 +257,28 @@ class Launcher {
     // lazy negation or conjugation (memory holds other values than the tensor), no autograd on a
     // written tensor, and data behind a non-empty tensor (a fake tensor reports the CPU and a null
     // pointer).
-    if (own(PyObject_GetAttr(v, s_layout_.ptr())).ptr() != strided_.ptr()) return false;
-    if (own(call_method(v, s_is_neg_)).ptr() != Py_False || own(call_method(v, s_is_conj_)).ptr() != Py_False) return false;
-    if (p.written && own(PyObject_GetAttr(v, s_requires_grad_.ptr())).ptr() != Py_False) return false;
-    const py::object dtype = own(PyObject_GetAttr(v, s_dtype_.ptr()));
+    if (own(layout_.of(v)).ptr() != strided_.ptr()) return false;
+    // The conjugate bit exists only on complex tensors, which no contract accepts (torch asserts
+    // so in TensorImpl::_set_conj); the negative bit can be set on any dtype.
+    if (own(is_neg_.of(v)).ptr() != Py_False) return false;
+    if (p.written && own(requires_grad_.of(v)).ptr() != Py_False) return false;
+    const py::object dtype = own(dtype_.of(v));
     int code = -1;
     for (const auto& [d, c] : p.codes)
       if (d.ptr() == dtype.ptr()) code = c;
-    if (code < 0 || own(PyObject_GetAttr(v, s_is_cpu_.ptr())).ptr() != Py_True) return false;
-    // One call for the rank and the element count (the binding layer costs about 35 ns a call).
-    const py::object shape = own(PyObject_GetAttr(v, s_shape_.ptr()));
+    if (code < 0 || own(is_cpu_.of(v)).ptr() != Py_True) return false;
+    // One call for the rank and the element count.
+    const py::object shape = own(shape_.of(v));
     if (!PyTuple_Check(shape.ptr())) return false;
     const Py_ssize_t dim = PyTuple_GET_SIZE(shape.ptr());
     if (dim >= 32 || !(p.ranks & (1u << dim))) return false;
     std::int64_t numel = 1;
     for (Py_ssize_t d = 0; d < dim; ++d) numel *= as_int64(PyTuple_GET_ITEM(shape.ptr(), d));
-    const bool contiguous = own(call_method(v, s_is_contiguous_)).ptr() == Py_True;
+    const bool contiguous = own(is_contiguous_.of(v)).ptr() == Py_True;
     if (p.contiguous && !contiguous) return false;
     // A table with an explicit row stride (a Strided) need only have unit inner stride.
     if (!p.contiguous && !contiguous && dim > 0 && call_int(v, s_stride_, -1) != 1) return false;
-    out.tensor.data = Buffer{static_cast<std::uintptr_t>(call_int(v, s_data_ptr_)), code, numel};
+    out.tensor.data = Buffer{static_cast<std::uintptr_t>(as_int64(own(data_ptr_.of(v)).ptr())), code, numel};
     if (numel != 0 && out.tensor.data.ptr == 0) return false;
     // A 2-D Strided parameter keeps its rows even when contiguous (a kernel may take its row count
     // from the tensor, as vLLM's grid logits.shape[0] * S does): the same elements as one run.
@@ -282,9 +326,9 @@ class Launcher {
   py::str entry_name_;
   py::object check_, stand_in_, native_;
   py::object strided_ = py::module_::import("torch").attr("strided");
-  py::str s_layout_{"layout"}, s_is_neg_{"is_neg"}, s_is_conj_{"is_conj"}, s_requires_grad_{"requires_grad"};
-  py::str s_dtype_{"dtype"}, s_is_cpu_{"is_cpu"}, s_shape_{"shape"}, s_is_contiguous_{"is_contiguous"}, s_stride_{"stride"},
-      s_data_ptr_{"data_ptr"};
+  Fact layout_{"layout", false}, is_neg_{"is_neg", true}, requires_grad_{"requires_grad", false}, dtype_{"dtype", false},
+      is_cpu_{"is_cpu", false}, shape_{"shape", false}, is_contiguous_{"is_contiguous", true}, data_ptr_{"data_ptr", true};
+  py::str s_stride_{"stride"};
 };
 
 }  // namespace

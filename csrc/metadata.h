@@ -87,6 +87,13 @@ inline void need_rows(const char* kernel, const char* name, const Strided& t, st
 template <class T>
 inline std::int64_t slot_of(const T* table, std::int64_t row, std::int64_t position, std::int64_t columns,
                             std::int64_t block_size) {
+  // KV block sizes are powers of two in practice: a shift and a mask instead of a 64-bit division
+  // (the division was most of K5's and K9's time per token). Equal for positions >= 0.
+  if ((block_size & (block_size - 1)) == 0 && position >= 0) {
+    const int shift = __builtin_ctzll(static_cast<unsigned long long>(block_size));
+    const std::int64_t column = std::min(position >> shift, columns - 1);
+    return static_cast<std::int64_t>(table[row + column]) * block_size + (position & (block_size - 1));
+  }
   const std::int64_t column = std::min(position / block_size, columns - 1);
   return static_cast<std::int64_t>(table[row + column]) * block_size + position % block_size;
 }
