@@ -39,6 +39,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = chosen
 
 
+class Progress:
+    """One line per finished benchmark on long sweeps: how many are done, time spent, time left
+    (from the mean so far)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.total = 0
+        self.done = 0
+        self.start = 0.0
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        import time
+
+        self.total = len(session.items)
+        self.start = time.monotonic()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        import time
+
+        if report.when != "teardown" or not self.total:
+            return
+        self.done += 1
+        spent = time.monotonic() - self.start
+        left = spent / self.done * (self.total - self.done)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"  [{self.done}/{self.total}] {spent / 60:.1f} min spent, ~{left / 60:.1f} min left")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not session.config.getoption("collectonly"):
+        session.config.pluginmanager.register(Progress(session.config), "specdiff-progress")
+
+
 @pytest.fixture(scope="session")
 def roofline() -> Roofline:
     return roofline_now()
