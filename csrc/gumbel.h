@@ -1,12 +1,13 @@
 // The random streams and numerics of Model Runner V2 (reference/gumbel.py is the specification):
 // Triton's tl.rand (Philox4x32-10, word 0, its int-to-float conversion), murmur3 x86_32 with its
-// float32 and float64 uniforms, and the C29 numerics (float32 transcendentals through float64,
+// float32 and float64 uniforms, and the C29 numerics (specified float32 algorithms,
 // fused Horner steps). Built with -ffp-contract=off: every other operation rounds as written.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace specdiff::gumbel {
 
@@ -97,9 +98,62 @@ inline double murmur3_uniform64(std::int64_t seed, std::int64_t pos, std::uint32
 }
 
 // -- C29 numerics ---------------------------------------------------------------------------------
-inline float exp32(float x) { return static_cast<float>(std::exp(static_cast<double>(x))); }
-inline float log32(float x) { return static_cast<float>(std::log(static_cast<double>(x))); }
-inline float log1p32(float x) { return static_cast<float>(std::log1p(static_cast<double>(x))); }
+// Specified float32 algorithms (reference/gumbel.py states them): every step rounds once, the
+// multiply-adds are std::fmaf, so the bits are the oracle's and Triton's on any machine.
+[[gnu::always_inline]] inline float from_bits(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+[[gnu::always_inline]] inline std::uint32_t to_bits(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2Hi = 0.693145751953125f;
+constexpr float kLn2Lo = 1.4286068203094173e-06f;
+
+inline float exp32(float x) {
+  if (x != x) return x;
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float t = std::fmaf(xc, kLog2e, kShift);
+  const std::int32_t k = static_cast<std::int32_t>(to_bits(t) - 0x4B400000u);
+  const float kf = t - kShift;
+  float r = std::fmaf(kf, -kLn2Hi, xc);
+  r = std::fmaf(kf, -kLn2Lo, r);
+  float p = 1.0f / 5040.0f;
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = std::fmaf(p, r, c);
+  if (k >= -125 && k <= 127) return from_bits(to_bits(p) + (static_cast<std::uint32_t>(k) << 23));
+  const std::int32_t k1 = k >> 1;
+  return (p * from_bits(static_cast<std::uint32_t>(k1 + 127) << 23)) * from_bits(static_cast<std::uint32_t>(k - k1 + 127) << 23);
+}
+
+inline float log32(float x) {
+  if (!(x > 0.0f)) return x == 0.0f ? -INFINITY : NAN;
+  if (x == INFINITY) return x;
+  const bool sub = x < 0x1p-126f;
+  const std::uint32_t b = to_bits(sub ? x * 0x1p23f : x);
+  std::int32_t e = static_cast<std::int32_t>(b >> 23) - (sub ? 150 : 127);
+  std::uint32_t mb = (b & 0x7FFFFFu) | 0x3F800000u;
+  if (mb > 0x3FB504F3u) {  // m > sqrt(2): halve it
+    mb -= 0x800000u;
+    e += 1;
+  }
+  const float f = from_bits(mb) - 1.0f, ef = static_cast<float>(e);
+  const float s = f / (2.0f + f), z = s * s;
+  float q = 2.0f / 11.0f;
+  for (const float c : {2.0f / 9.0f, 2.0f / 7.0f, 2.0f / 5.0f, 2.0f / 3.0f}) q = std::fmaf(q, z, c);
+  return std::fmaf(ef, kLn2Hi, std::fmaf(ef, kLn2Lo, std::fmaf(-s, std::fmaf(-z, q, f), f)));
+}
+
+inline float log1p32(float x) {
+  if (x == INFINITY || x != x) return x;
+  const float u = 1.0f + x, c = x - (u - 1.0f);
+  return log32(u) + (c == 0.0f ? 0.0f : c / u);
+}
 
 // vLLM's _log1p_neg_stable with fused Horner steps.
 inline float log1p_neg32(float u) {

@@ -102,47 +102,58 @@ constexpr std::int64_t kGuard = std::int64_t{1} << 12;
   return ed * 6.93147180369123816490e-01 + (lm + ed * 1.90821492927058770002e-10);
 }
 
-// float32(exp(float64(x))).
-[[gnu::always_inline]] inline F8 exp32(F8 x, L8& fix) {
-  const D8 y = exp64(widen(x));
-  ambiguous(y, kGuard, fix);
-  return narrow(y);
+// a * b + c rounded once, lane by lane: GCC turns the lanes' fmaf into one vfmadd in the clones
+// that have FMA (and calls fmaf, slow but exact, in the baseline clone).
+[[gnu::always_inline]] inline F8 fma8(F8 a, F8 b, F8 c) {
+  F8 r;
+  for (int l = 0; l < 8; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return r;
+}
+[[gnu::always_inline]] inline I8 ibits(F8 x) { return reinterpret_cast<I8>(x); }
+[[gnu::always_inline]] inline F8 fbits(I8 b) { return reinterpret_cast<F8>(b); }
+
+// gumbel::exp32, lane by lane (C29's algorithm; compares only as conditions of selects).
+[[gnu::always_inline]] inline F8 exp32(F8 x, L8&) {
+  const F8 xc = x != x ? F8{} : (x < -104.0f ? F8{} - 104.0f : (x > 89.0f ? F8{} + 89.0f : x));
+  const F8 t = fma8(xc, F8{} + gumbel::kLog2e, F8{} + gumbel::kShift);
+  const I8 k = ibits(t) - 0x4B400000;
+  const F8 kf = t - gumbel::kShift;
+  F8 r = fma8(kf, F8{} - gumbel::kLn2Hi, xc);
+  r = fma8(kf, F8{} - gumbel::kLn2Lo, r);
+  F8 p = F8{} + 1.0f / 5040.0f;
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = fma8(p, r, F8{} + c);
+  const I8 normal = (k >= -125) & (k <= 127);
+  const F8 shifted = fbits(ibits(p) + ((normal ? k : I8{}) << 23));
+  const I8 k1 = k >> 1;
+  const F8 wide = (p * fbits((k1 + 127) << 23)) * fbits((k - k1 + 127) << 23);
+  return x != x ? x : (normal ? shifted : wide);
 }
 
-// float32(log(float64(x))); lanes not positive, finite and normal are left to the caller.
-[[gnu::always_inline]] inline F8 log32(F8 x, L8& fix) {
-  D8 w = widen(x);
-  fix = w >= 0x1p-126 ? (w <= 0x1.fffffep127 ? fix : L8{} - 1) : L8{} - 1;
-  w = w >= 0x1p-126 ? (w <= 0x1.fffffep127 ? w : D8{} + 1.0) : D8{} + 1.0;
-  const D8 y = log64(w);
-  ambiguous(y, kGuard, fix);
-  return narrow(y);
+// gumbel::log32, lane by lane.
+[[gnu::always_inline]] inline F8 log32(F8 x, L8&) {
+  const I8 sub = x < 0x1p-126f;
+  const I8 b = ibits(sub ? x * 0x1p23f : x);
+  const I8 big0 = ((b & 0x7FFFFF) | 0x3F800000) > 0x3FB504F3;
+  const I8 mb = ((b & 0x7FFFFF) | 0x3F800000) - (big0 & 0x800000);
+  const F8 f = fbits(mb) - 1.0f;
+  const F8 ef = __builtin_convertvector((b >> 23) - (sub ? I8{} + 150 : I8{} + 127) - big0, F8);  // big0 is -1 where true
+  const F8 s = f / (2.0f + f), z = s * s;
+  F8 q = F8{} + 2.0f / 11.0f;
+  for (const float c : {2.0f / 9.0f, 2.0f / 7.0f, 2.0f / 5.0f, 2.0f / 3.0f}) q = fma8(q, z, F8{} + c);
+  const F8 y = fma8(ef, F8{} + gumbel::kLn2Hi, fma8(ef, F8{} + gumbel::kLn2Lo, fma8(-s, fma8(-z, q, f), f)));
+  const F8 special = x == 0.0f ? F8{} - __builtin_inff() : F8{} + __builtin_nanf("");
+  return x == __builtin_inff() ? x : (x > 0.0f ? y : special);
 }
 
-// float32(log1p(float64(x))) for x in (-1, 2^29): 1 + x is then exact in float64 for |x| >= 2^-20,
-// and below, x - x^2/2 + x^3/3 is (the next term is 2^-60 relative).
+// gumbel::log1p32, lane by lane.
 [[gnu::always_inline]] inline F8 log1p32(F8 x, L8& fix) {
-  const D8 w = widen(x);
-  fix = w > -1.0 ? (w < 0x1p29 ? fix : L8{} - 1) : L8{} - 1;
-  const D8 u = w > -1.0 ? (w < 0x1p29 ? 1.0 + w : D8{} + 1.0) : D8{} + 1.0;
-  const D8 series = w - w * w * 0.5 + w * w * w * (1.0 / 3.0);
-  const D8 magnitude = from_bits(bits(w) & 0x7FFFFFFFFFFFFFFF);
-  const D8 y = magnitude < 0x1p-20 ? series : log64(u);
-  ambiguous(y, kGuard, fix);
-  return narrow(y);
+  const F8 u = 1.0f + x, c = x - (u - 1.0f);
+  const F8 y = log32(u, fix) + (c == 0.0f ? F8{} : c / (u == 0.0f ? F8{} + 1.0f : u));
+  return (x == __builtin_inff()) | (x != x) ? x : y;
 }
 
-// float32 a * b + c rounded once: the float64 product is exact and the float64 sum rounds once, so
-// only an inexact sum landing exactly on a float32 midpoint can round twice (an exact one, common
-// when the operands' exponents are close, rounds once).
-[[gnu::always_inline]] inline F8 fma32(F8 a, F8 b, F8 c, L8& fix) {
-  const D8 ab = widen(a) * widen(b), wc = widen(c);
-  const D8 y = ab + wc;
-  const D8 yc = y - ab;
-  const D8 error = (ab - (y - yc)) + (wc - yc);  // Knuth's TwoSum: y + error = ab + c exactly
-  ambiguous(error != 0.0 ? y : D8{} + 1.0, 1, fix);
-  return narrow(y);
-}
+// float32 a * b + c rounded once.
+[[gnu::always_inline]] inline F8 fma32(F8 a, F8 b, F8 c, L8&) { return fma8(a, b, c); }
 
 // gumbel::log1p_neg32 and gumbel::gumbel32, lane by lane.
 [[gnu::always_inline]] inline F8 gumbel32(F8 u, L8& fix) {
@@ -162,12 +173,15 @@ constexpr std::int64_t kGuard = std::int64_t{1} << 12;
   return hi + lo;
 }
 
-// floor(t * 2^46) of float32 terms t in [0, 1] (C29's fixed-point units), as int64 lanes.
+// floor(t * 2^46) of float32 terms t in [0, 1] (C29's fixed-point units), as int64 lanes: the
+// significand shifted by the exponent (below 2^-46, and for -0.0, it shifts out to 0).
 [[gnu::always_inline]] inline L8 fixed46(F8 t) {
-  const D8 y = widen(t) * 0x1p46;
-  const D8 a = y + kMagic;  // rounds to the nearest integer
-  const L8 nearest = bits(a) - kMagicBits;
-  return (a - kMagic) > y ? nearest - 1 : nearest;  // one less where it rounded up
+  const I8 b = ibits(t);
+  const L8 shift = __builtin_convertvector((b >> 23) - 104, L8);
+  const L8 m = __builtin_convertvector((b & 0x7FFFFF) | 0x800000, L8);
+  // Both shift counts are kept in [0, 63]: the lane's select then picks the meaningful one.
+  const L8 up = shift < 0 ? L8{} : shift, down = shift > 0 ? L8{} : (shift < -63 ? L8{} + 63 : -shift);
+  return shift >= 0 ? m << up : m >> down;
 }
 
 }  // namespace specdiff::vmath

@@ -13,11 +13,12 @@ Two counter-based generators, reproduced bit for bit, never injected:
 Unsigned 32-bit words live in int64 tensors: every product of two words is split into 16-bit
 halves so that nothing overflows int64.
 
-Numerics (C29): float32 transcendentals are ``float32(f(float64(x)))``: correctly rounded but for
-double rounding (the float64 libraries of NumPy, PyTorch, glibc and libdevice differ in the last
-float64 bit about once in a thousand, so two backends disagree about once in 2^38); the noise
-polynomial's Horner steps are fused multiply-adds (one rounding, what the GPU compiles vLLM's
-expression to).
+Numerics (C29): float32 ``exp``, ``log`` and ``log1p`` are specified algorithms, not library
+calls: a fixed sequence of float32 operations, each rounded once (IEEE round-to-nearest-even; the
+multiply-adds are fused), so every backend computes the same bits from the same input, and runs at
+float32 speed on a CPU and a GPU. They are within 2 ulps of the exact result (``tests/test_gumbel.py``
+measures it over every float32 the kernels can pass). The noise polynomial's Horner steps are fused
+multiply-adds too (what the GPU compiles vLLM's expression to).
 """
 
 from __future__ import annotations
@@ -127,16 +128,77 @@ def murmur3_uniform64(seed: torch.Tensor, pos: torch.Tensor, key: torch.Tensor) 
 
 
 # -- numerics (C29) ------------------------------------------------------------------------------
+def _f32(v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=F32)
+
+
+_SHIFT = _f32(12582912.0)  # 1.5 * 2^23: fma(x, 1/ln 2, _SHIFT) holds round(x / ln 2) in its low bits
+_LOG2E = _f32(1.4426950408889634)
+_LN2_HI = _f32(0.693145751953125)  # 16 significant bits: k * _LN2_HI is exact for |k| < 2^8
+_LN2_LO = _f32(1.4286068203094173e-06)  # ln 2 - _LN2_HI
+_EXP_TAYLOR = tuple(_f32(c) for c in (1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2, 1.0, 1.0))
+_LOG_SERIES = tuple(_f32(c) for c in (2 / 9, 2 / 7, 2 / 5, 2 / 3))
+
+
+def _from_bits(b: torch.Tensor) -> torch.Tensor:
+    return b.to(torch.int32).view(F32)
+
+
 def exp32(x: torch.Tensor) -> torch.Tensor:
-    return torch.exp(x.to(F64)).to(F32)
+    """C29's exp: x clamped to [-104, 89] (beyond, the result is 0 or inf anyway); k = round(x / ln 2)
+    by one fused multiply-add; r = x - k ln 2 in two fused steps (|r| <= 0.35); e^r by Taylor to
+    degree 7 in fused Horner steps; then 2^k: an exponent-field add where the result is normal, else
+    two multiplies by 2^(k >> 1) and 2^(k - (k >> 1)) (the second rounds once, to a subnormal or
+    inf). NaN stays NaN."""
+    x = x.to(F32)
+    xc = torch.where(x != x, 0.0, torch.clamp(x, -104.0, 89.0))
+    t = fma32(xc, _LOG2E, _SHIFT)
+    k = t.view(torch.int32).to(I64) - 0x4B400000
+    kf = t - _SHIFT
+    r = fma32(kf, -_LN2_HI, xc)
+    r = fma32(kf, -_LN2_LO, r)
+    p = torch.full_like(r, 1 / 5040)
+    for c in _EXP_TAYLOR:
+        p = fma32(p, r, c)
+    normal = (k >= -125) & (k <= 127)
+    shifted = _from_bits(p.view(torch.int32).to(I64) + torch.where(normal, k, 0) * 2**23)
+    k1 = torch.div(k, 2, rounding_mode="floor")
+    wide = (p * _from_bits((k1 + 127) * 2**23)) * _from_bits((k - k1 + 127) * 2**23)
+    return torch.where(x != x, x, torch.where(normal, shifted, wide))
 
 
 def log32(x: torch.Tensor) -> torch.Tensor:
-    return torch.log(x.to(F64)).to(F32)
+    """C29's log: x = 2^e m with m in [sqrt(1/2), sqrt(2)] (subnormals scaled by 2^23 first), f = m - 1
+    (exact), s = f / (2 + f), log m = 2 atanh(s) = f - s (f - z q(z)) (as f = 2s + s f) with z = s^2
+    and q the series of 2 / (2j + 1) to z^4 (fused Horner steps), then e ln 2 added in two fused
+    steps. log 0 = -inf,
+    log inf = inf, negative and NaN give NaN."""
+    x = x.to(F32)
+    sub = x < 2.0**-126
+    b = torch.where(sub, x * 2.0**23, x).view(torch.int32).to(I64)
+    e = torch.div(b, 2**23, rounding_mode="floor") - torch.where(sub, 150, 127)
+    mb = (b & 0x7FFFFF) | 0x3F800000
+    big = mb > 0x3FB504F3  # m > sqrt(2): halve it
+    f = _from_bits(torch.where(big, mb - 2**23, mb)) - 1.0
+    ef = (e + big.to(I64)).to(F32)
+    s = f / (2.0 + f)
+    z = s * s
+    q = torch.full_like(z, 2 / 11)
+    for c in _LOG_SERIES:
+        q = fma32(q, z, c)
+    y = fma32(ef, _LN2_HI, fma32(ef, _LN2_LO, fma32(-s, fma32(-z, q, f), f)))
+    y = torch.where(x > 0, y, torch.where(x == 0, float("-inf"), float("nan")))
+    return torch.where(x == float("inf"), x, y)
 
 
 def log1p32(x: torch.Tensor) -> torch.Tensor:
-    return torch.log1p(x.to(F64)).to(F32)
+    """C29's log1p: u = 1 + x (rounded), c = x - (u - 1) its rounding error (exact), then
+    log32(u) + c / u (0 for c when u is 0: log1p(-1) = -inf); inf and NaN come back as they are."""
+    x = x.to(F32)
+    u = 1.0 + x
+    c = x - (u - 1.0)
+    y = log32(u) + torch.where(c == 0, 0.0, c / u)
+    return torch.where((x == float("inf")) | (x != x), x, y)
 
 
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:

@@ -2,8 +2,9 @@
 is their specification), and probe kernels that store them so that tests compare them bit for bit.
 
 Everything here runs interpreted (no libdevice: the interpreter cannot run it) and compiled. The
-float32 transcendentals go through float64 and round once (C29); the Horner steps of the noise
-polynomial are explicit ``tl.fma`` (one rounding whether or not the compiler fuses).
+float32 transcendentals are C29's specified algorithms in float32; every multiply-add is an explicit
+``tl.fma`` (one rounding whether or not the compiler fuses), and no other product feeds an addition
+(the compiler would be free to fuse it).
 """
 
 from __future__ import annotations
@@ -72,26 +73,62 @@ def murmur3_uniform64(seed, pos, key):
 
 @triton.jit
 def exp32(x):
-    return tl.exp(x.to(tl.float64)).to(tl.float32)
+    # C29's exp (reference/gumbel.py states the algorithm): every step rounds once, and every product
+    # that is added is an explicit fma, so the compiler's contraction cannot change a bit.
+    x = x.to(tl.float32)
+    xc = tl.where(x != x, 0.0, tl.where(x < -104.0, -104.0, tl.where(x > 89.0, 89.0, x)))
+    t = tl.fma(xc, 1.4426950408889634, 12582912.0)
+    k = t.to(tl.int32, bitcast=True) - 0x4B400000
+    kf = t - 12582912.0
+    r = tl.fma(kf, -0.693145751953125, xc)
+    r = tl.fma(kf, -1.4286068203094173e-06, r)
+    p = tl.full(x.shape, 1.0 / 5040.0, tl.float32)
+    p = tl.fma(p, r, 1.0 / 720.0)
+    p = tl.fma(p, r, 1.0 / 120.0)
+    p = tl.fma(p, r, 1.0 / 24.0)
+    p = tl.fma(p, r, 1.0 / 6.0)
+    p = tl.fma(p, r, 0.5)
+    p = tl.fma(p, r, 1.0)
+    p = tl.fma(p, r, 1.0)
+    normal = (k >= -125) & (k <= 127)
+    shifted = (p.to(tl.int32, bitcast=True) + tl.where(normal, k, 0) * 8388608).to(tl.float32, bitcast=True)
+    k1 = k >> 1
+    wide = (p * ((k1 + 127) << 23).to(tl.float32, bitcast=True)) * ((k - k1 + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, tl.where(normal, shifted, wide))
 
 
 @triton.jit
 def log32(x):
-    return tl.log(x.to(tl.float64)).to(tl.float32)
-
-
-@triton.jit
-def log1p64(x):
-    # log1p without libdevice: log(1 + x) corrected by the rounding of 1 + x (Goldberg).
-    one_plus = 1.0 + x
-    exact = (one_plus == 1.0) | (one_plus == float("inf"))  # log1p(x) = x there (and inf at inf)
-    safe = tl.where(exact, 2.0, one_plus)
-    return tl.where(exact, x, tl.log(safe) * (x / (safe - 1.0)))
+    # C29's log (reference/gumbel.py); the quotient is div_rn, as the GPU's default division is not
+    # correctly rounded.
+    x = x.to(tl.float32)
+    sub = x < 1.1754943508222875e-38
+    b = tl.where(sub, x * 8388608.0, x).to(tl.int32, bitcast=True)
+    e = (b >> 23) - tl.where(sub, 150, 127)
+    mb = (b & 0x7FFFFF) | 0x3F800000
+    big = mb > 0x3FB504F3
+    f = tl.where(big, mb - 8388608, mb).to(tl.float32, bitcast=True) - 1.0
+    ef = (e + big.to(tl.int32)).to(tl.float32)
+    s = tl.math.div_rn(f, 2.0 + f)
+    z = s * s
+    q = tl.full(x.shape, 2.0 / 11.0, tl.float32)
+    q = tl.fma(q, z, 2.0 / 9.0)
+    q = tl.fma(q, z, 2.0 / 7.0)
+    q = tl.fma(q, z, 2.0 / 5.0)
+    q = tl.fma(q, z, 2.0 / 3.0)
+    y = tl.fma(ef, 0.693145751953125, tl.fma(ef, 1.4286068203094173e-06, tl.fma(-s, tl.fma(-z, q, f), f)))
+    y = tl.where(x > 0.0, y, tl.where(x == 0.0, float("-inf"), float("nan")))
+    return tl.where(x == float("inf"), x, y)
 
 
 @triton.jit
 def log1p32(x):
-    return log1p64(x.to(tl.float64)).to(tl.float32)
+    # C29's log1p (reference/gumbel.py): log32(1 + x) plus the rounding error of 1 + x over 1 + x.
+    x = x.to(tl.float32)
+    u = 1.0 + x
+    c = x - (u - 1.0)
+    y = log32(u) + tl.where(c == 0.0, 0.0, tl.math.div_rn(c, tl.where(u == 0.0, 1.0, u)))
+    return tl.where((x == float("inf")) | (x != x), x, y)
 
 
 @triton.jit
@@ -156,18 +193,28 @@ def _numerics_probe_kernel(exp_ptr, log_ptr, log1p_ptr, x_ptr, n, BLOCK: tl.cons
     x = tl.load(x_ptr + i, mask=mask, other=1.0)
     tl.store(exp_ptr + i, exp32(x), mask=mask)
     tl.store(log_ptr + i, log32(tl.abs(x)), mask=mask)
-    tl.store(log1p_ptr + i, log1p32(tl.maximum(x, -1.0)), mask=mask)
+    tl.store(log1p_ptr + i, log1p32(tl.where(x < -1.0, -1.0, x)), mask=mask)  # NaN stays NaN
 
 
 SUM_SCALE = tl.constexpr(70368744177664.0)  # 2^46 (C29)
 
 
 @triton.jit
+def fixed46(t):
+    # floor(t * 2^46) of float32 t in [0, 1], from its bits: the significand shifted by the exponent
+    # (no float64 conversion, which a GPU runs at an eighth of its float32 rate).
+    b = t.to(tl.int32, bitcast=True)
+    shift = (b >> 23) - 104
+    m = ((b & 0x7FFFFF) | 0x800000).to(tl.int64)
+    return tl.where(shift >= 0, m << tl.minimum(tl.maximum(shift, 0), 63).to(tl.int64),
+                    m >> tl.minimum(-shift, 63).to(tl.int64))
+
+
+@triton.jit
 def exact_sum(terms):
     """The C29 sum of a tile of float32 terms in [0, 1]: exact in units of 2^-46 (int64), then
     rounded to float32 through float64."""
-    fixed = (terms.to(tl.float64) * SUM_SCALE).to(tl.int64)
-    return (tl.sum(fixed, axis=0).to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32)
+    return (tl.sum(fixed46(terms), axis=0).to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32)
 
 
 @triton.jit
