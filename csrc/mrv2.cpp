@@ -213,7 +213,7 @@ struct TileStats {
 
 inline std::int64_t fixed_term(float term) { return static_cast<std::int64_t>(static_cast<double>(term) * kSumScale); }
 
-// Eight lanes at a time (vmath.h); lanes vmath reports are recomputed with gumbel::exp32.
+// Eight lanes at a time (vmath.h: the same bits as the scalar spec, lane for lane).
 SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
   using namespace vmath;
   const std::int64_t n8 = n & ~std::int64_t{7};
@@ -226,17 +226,10 @@ SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
   for (int l = 0; l < 8 && n8 > 0; ++l) m = std::max(m, top[l]);
   for (std::int64_t j = n8; j < n; ++j) m = std::max(m, x[j]);
   if (!(m > kNegInf)) return {m, 0.0f};
-  L8 sum{}, fix{};
-  for (std::int64_t j = 0; j < n8; j += 8) sum += fixed46(exp32(loadu(x + j) - m, fix));
+  L8 sum{};
+  for (std::int64_t j = 0; j < n8; j += 8) sum += exp_units(loadu(x + j) - m);
   std::int64_t fixed = 0;
   for (int l = 0; l < 8; ++l) fixed += sum[l];
-  if (any(fix))  // rare (about one lane in 2^16): the reported lanes' terms again, from the scalar exp32
-    for (std::int64_t j = 0; j < n8; j += 8) {
-      L8 lanes{};
-      const L8 terms = fixed46(exp32(loadu(x + j) - m, lanes));
-      for (int l = 0; l < 8; ++l)
-        if (lanes[l]) fixed += fixed_term(gumbel::exp32(x[j + l] - m)) - terms[l];
-    }
   for (std::int64_t j = n8; j < n; ++j) fixed += fixed_term(gumbel::exp32(x[j] - m));
   return {m, static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale))};
 }
@@ -565,30 +558,23 @@ SPECDIFF_CLONES std::int64_t residual_mass(const float* x, const float* y, std::
                                            float p_prev, int& above) {
   using namespace vmath;
   const std::int64_t n8 = n & ~std::int64_t{7};
-  const auto terms = [&](std::int64_t j, L8& fix) __attribute__((always_inline)) {  // inlined: vector ABI
-    const F8 m_b = exp32(loadu(x + j) - lse_t, fix), m_s = exp32(loadu(y + j) - lse_d, fix);
-    const F8 term = fma32(F8{} + p_prev, m_b, -m_s, fix);
+  const auto terms = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
+    const F8 m_b = exp32(loadu(x + j) - lse_t), m_s = exp32(loadu(y + j) - lse_d);
+    const F8 term = fma8(F8{} + p_prev, m_b, -m_s);
     return fixed46(term < 0.0f ? F8{} : term);  // std::max(term, 0)
   };
-  L8 sum{}, fix{};
+  L8 sum{};
   F8 top = F8{} + kNegInf, top_d = F8{} + kNegInf;
   for (std::int64_t j = 0; j < n8; j += 8) {
     top = top < loadu(x + j) ? loadu(x + j) : top;
     top_d = top_d < loadu(y + j) ? loadu(y + j) : top_d;
-    sum += terms(j, fix);
+    sum += terms(j);
   }
   std::int64_t fixed = 0;
   for (int l = 0; l < 8; ++l) {
     fixed += sum[l];
     above |= top[l] > lse_t || top_d[l] > lse_d;
   }
-  if (any(fix))
-    for (std::int64_t j = 0; j < n8; j += 8) {
-      L8 lanes{};
-      const L8 vector_terms = terms(j, lanes);
-      for (int l = 0; l < 8; ++l)
-        if (lanes[l]) fixed += residual_term(x[j + l], y[j + l], lse_t, lse_d, p_prev) - vector_terms[l];
-    }
   for (std::int64_t j = n8; j < n; ++j) {
     above |= x[j] > lse_t || y[j] > lse_d;
     fixed += residual_term(x[j], y[j], lse_t, lse_d, p_prev);
@@ -1003,41 +989,31 @@ inline float resample_score32(const ResampleTile& r, std::int64_t q) {
 }
 
 // The first index of the tile's largest float32 score and that score (all -inf: index 0). The
-// scores go to `scores` eight lanes at a time, the lanes vmath reports are then recomputed by
-// resample_score32 (a second pass: GCC 12 scalarizes the lane masks of a loop that reads them),
-// and a third pass takes the argmax.
+// scores go to `scores` eight lanes at a time, and a second pass takes the argmax.
 SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTile& r, std::int64_t n, float* scores) {
   using namespace vmath;
   const std::int64_t n8 = n & ~std::int64_t{7};
   const U8 h = U8{} + gumbel::murmur3_prefix(r.seed, r.pos);
   const I8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
-  const auto score8 = [&](std::int64_t j, L8& fix) __attribute__((always_inline)) {  // inlined: vector ABI
+  const auto score8 = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
     F8 v = loadu(r.x + j);
     if (r.y != nullptr) {
       F8 lp = v - r.lse_t;
       if (r.shifted) lp = lp + r.shift;
-      const F8 ratio = exp32(loadu(r.y + j) - r.lse_d - lp, fix);
-      const F8 log1p = log1p32(ratio < 1.0f ? -ratio : F8{}, fix);
+      const F8 ratio = exp32(loadu(r.y + j) - r.lse_d - lp);
+      const F8 log1p = log1p32(ratio < 1.0f ? -ratio : F8{});
       v = ratio < 1.0f ? lp + log1p : F8{} + kNegInf;
     }
     if (r.noise) {
       const U8 key = reinterpret_cast<U8>(lane + static_cast<std::int32_t>(r.lo + j));
-      v = v + gumbel32(uniform32(gumbel::murmur3_finish(h, key)), fix);
+      v = v + gumbel32(uniform32(gumbel::murmur3_finish(h, key)));
     }
     return v;
   };
-  L8 fix{};
   for (std::int64_t j = 0; j < n8; j += 8) {
-    const F8 v = score8(j, fix);
+    const F8 v = score8(j);
     std::memcpy(scores + j, &v, sizeof v);
   }
-  if (any(fix))
-    for (std::int64_t j = 0; j < n8; j += 8) {
-      L8 lanes{};
-      score8(j, lanes);
-      for (int l = 0; l < 8; ++l)
-        if (lanes[l]) scores[j + l] = resample_score32(r, j + l);
-    }
   for (std::int64_t q = n8; q < n; ++q) scores[q] = resample_score32(r, q);
   F8 best = F8{} + kNegInf;
   I8 at = lane;  // each lane's first index of its best (all -inf: its first)

@@ -72,15 +72,12 @@ def murmur3_uniform64(seed, pos, key):
 
 
 @triton.jit
-def exp32(x):
-    # C29's exp (reference/gumbel.py states the algorithm): every step rounds once, and every product
-    # that is added is an explicit fma, so the compiler's contraction cannot change a bit.
-    x = x.to(tl.float32)
-    xc = tl.where(x != x, 0.0, tl.where(x < -104.0, -104.0, tl.where(x > 89.0, 89.0, x)))
-    t = tl.fma(xc, 1.4426950408889634, 12582912.0)
+def _exp_reduced(x):
+    # exp32's range reduction and polynomial (reference/gumbel.py): exp(x) = p 2^k, p in [0.7, 1.42].
+    t = tl.fma(x, 1.4426950408889634, 12582912.0)
     k = t.to(tl.int32, bitcast=True) - 0x4B400000
     kf = t - 12582912.0
-    r = tl.fma(kf, -0.693145751953125, xc)
+    r = tl.fma(kf, -0.693145751953125, x)
     r = tl.fma(kf, -1.4286068203094173e-06, r)
     p = tl.full(x.shape, 1.0 / 5040.0, tl.float32)
     p = tl.fma(p, r, 1.0 / 720.0)
@@ -90,6 +87,16 @@ def exp32(x):
     p = tl.fma(p, r, 0.5)
     p = tl.fma(p, r, 1.0)
     p = tl.fma(p, r, 1.0)
+    return p, k
+
+
+@triton.jit
+def exp32(x):
+    # C29's exp (reference/gumbel.py states the algorithm): every step rounds once, and every product
+    # that is added is an explicit fma, so the compiler's contraction cannot change a bit.
+    x = x.to(tl.float32)
+    xc = tl.where(x != x, 0.0, tl.where(x < -104.0, -104.0, tl.where(x > 89.0, 89.0, x)))
+    p, k = _exp_reduced(xc)
     normal = (k >= -125) & (k <= 127)
     shifted = (p.to(tl.int32, bitcast=True) + tl.where(normal, k, 0) * 8388608).to(tl.float32, bitcast=True)
     k1 = k >> 1
@@ -218,8 +225,27 @@ def exact_sum(terms):
 
 
 @triton.jit
+def exp_units(x):
+    # fixed46(exp32(x)) for x <= 0 (-inf included; C30 rules NaN out), the unit of every exp-sum,
+    # in about half exp32's and fixed46's instructions: below -33 the term is under 2^-46 (0 units),
+    # so x is clamped there, k stays in [-48, 0] and the units come from p's significand shifted
+    # by its exponent plus k, never through the float exp32 would assemble.
+    p, k = _exp_reduced(tl.maximum(x, -33.0))
+    b = p.to(tl.int32, bitcast=True)
+    m = ((b & 0x7FFFFF) | 0x800000).to(tl.int64)
+    return (m << 26) >> (26 - ((b >> 23) - 104 + k)).to(tl.int64)  # the shift is in [3, 52]
+
+
+@triton.jit
 def max_and_sumexp(x):
     m = tl.max(x, axis=0)
     live = m > float("-inf")
-    e = exp32(x - tl.where(live, m, 0.0))
-    return m, tl.where(live, exact_sum(tl.where(live, e, 0.0)), 0.0)
+    units = tl.sum(exp_units(x - tl.where(live, m, 0.0)), axis=0)
+    return m, tl.where(live, (units.to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32), 0.0)
+
+
+@triton.jit
+def _exp_units_probe_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    tl.store(out_ptr + i, exp_units(tl.load(x_ptr + i, mask=mask, other=0.0)), mask=mask)

@@ -163,18 +163,33 @@ def _insert_resampled_kernel(
     tl.store(sampled_ptr + req_idx * sampled_stride + num_sampled, token)
 
 
+ORDER_CHUNK = tl.constexpr(16)
+
+
 @triton.jit
-def _logsumexp(max_ptr, max_stride, sumexp_ptr, sumexp_stride, row, num_blocks):
+def _sum_in_order(total, terms):
+    # total + terms[0] + terms[1] + ... in float64, in index order (C29's "tile order"): each term
+    # leaves the registers through a masked sum of one value and zeros, which is exact.
+    lanes = tl.arange(0, ORDER_CHUNK)
+    for j in tl.static_range(ORDER_CHUNK):
+        total += tl.sum(tl.where(lanes == j, terms, 0.0), axis=0)
+    return total
+
+
+@triton.jit
+def _logsumexp(max_ptr, max_stride, sumexp_ptr, sumexp_stride, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS: tl.constexpr):
     # C29: G = max of the tile maxima; T = float64 sum, in tile order, of sumexp_b * exp32(m_b - G)
-    # (exact products: fusing changes nothing); G + log(T) rounded to float32.
-    g = tl.full((), float("-inf"), tl.float32)
-    for b in range(num_blocks):
-        g = tl.maximum(g, tl.load(max_ptr + row * max_stride + b))
+    # (exact products: fusing changes nothing); G + log(T) rounded to float32. The tiles are read a
+    # vector at a time (one memory round trip per ORDER_CHUNK tiles, not per tile).
+    blocks = tl.arange(0, PADDED_VOCAB_NUM_BLOCKS)
+    g = tl.max(tl.load(max_ptr + row * max_stride + blocks, mask=blocks < num_blocks, other=float("-inf")), axis=0)
     total = tl.zeros((), tl.float64)
-    for b in range(num_blocks):
-        m = tl.load(max_ptr + row * max_stride + b)
-        se = tl.load(sumexp_ptr + row * sumexp_stride + b)
-        total += se.to(tl.float64) * exp32(m - g).to(tl.float64)
+    for c in range(0, num_blocks, ORDER_CHUNK):
+        b = c + tl.arange(0, ORDER_CHUNK)
+        live = b < num_blocks
+        m = tl.load(max_ptr + row * max_stride + b, mask=live, other=float("-inf"))
+        se = tl.load(sumexp_ptr + row * sumexp_stride + b, mask=live, other=0.0)
+        total = _sum_in_order(total, tl.where(live, se.to(tl.float64) * exp32(m - g).to(tl.float64), 0.0))
     return (g.to(tl.float64) + tl.log(total)).to(tl.float32)
 
 
@@ -182,12 +197,13 @@ def _logsumexp(max_ptr, max_stride, sumexp_ptr, sumexp_stride, row, num_blocks):
 def _log_probs(token, valid, row, slot, step, temp, target_logits_ptr, target_logits_stride, target_local_max_ptr,
                target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride, draft_logits_ptr,
                draft_logits_stride_0, draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
-               draft_local_sumexp_ptr, draft_local_sumexp_stride, num_blocks, HAS_DRAFT_LOGITS: tl.constexpr):
+               draft_local_sumexp_ptr, draft_local_sumexp_stride, num_blocks, PADDED_VOCAB_NUM_BLOCKS: tl.constexpr,
+               HAS_DRAFT_LOGITS: tl.constexpr):
     # (log p, log q, target LSE, draft LSE) of a token at a logits row (an invalid token reads
     # nothing: log p = log q = -inf); one-hot drafts have log q = 0 and a draft LSE of 0.
     x = tl.load(target_logits_ptr + row * target_logits_stride + token, mask=valid, other=float("-inf"))
     lse_t = _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
-                       target_local_sumexp_stride, row, num_blocks)
+                       target_local_sumexp_stride, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS)
     lp = x.to(tl.float32) - lse_t
     lq = tl.zeros((), tl.float32)
     lse_d = tl.zeros((), tl.float32)
@@ -195,7 +211,7 @@ def _log_probs(token, valid, row, slot, step, temp, target_logits_ptr, target_lo
         y = tl.load(draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1 + token, mask=valid,
                     other=float("-inf"))
         lse_d = _logsumexp(draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr,
-                           draft_local_sumexp_stride, row, num_blocks)
+                           draft_local_sumexp_stride, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS)
         lq = tl.math.div_rn(y.to(tl.float32), temp) - lse_d
     return lp, lq, lse_t, lse_d
 
@@ -242,7 +258,7 @@ def _compute_cumulative_log_p_kernel(
                                 target_local_sumexp_stride, draft_logits_ptr, draft_logits_stride_0,
                                 draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
                                 draft_local_sumexp_ptr, draft_local_sumexp_stride, vocab_num_blocks,
-                                HAS_DRAFT_LOGITS)
+                                PADDED_VOCAB_NUM_BLOCKS, HAS_DRAFT_LOGITS)
             log_p = tl.minimum(log_p + (lp - lq), 0.0)  # a NaN gives 0, as tl.minimum does
         tl.store(cumulative_log_p_ptr + row, log_p)
 
@@ -292,12 +308,12 @@ def _compute_local_residual_mass_kernel(
     mask = cols < vocab_size
     x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
     m_b = exp32(x.to(tl.float32) - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
-                                              target_local_sumexp_stride, logit_idx, vocab_num_blocks))
+                                              target_local_sumexp_stride, logit_idx, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS))
     row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
     y = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32)
     m_s = exp32(tl.math.div_rn(y, temp) - _logsumexp(draft_local_max_ptr, draft_local_max_stride,
                                                      draft_local_sumexp_ptr, draft_local_sumexp_stride, logit_idx,
-                                                     vocab_num_blocks))
+                                                     vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS))
     p_prev = exp32(tl.load(cumulative_log_p_ptr + logit_idx - 1))
     terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
     tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx, exact_sum(terms))
@@ -305,33 +321,34 @@ def _compute_local_residual_mass_kernel(
 
 @triton.jit
 def _global_target_argmax(target_local_max_ptr, target_local_max_stride, target_local_argmax_ptr,
-                          target_local_argmax_stride, row, num_blocks):
+                          target_local_argmax_stride, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS: tl.constexpr):
     # The first tile holding the highest maximum (NaN never wins), then that tile's argmax.
-    best = tl.full((), float("-inf"), tl.float32)
-    best_block = tl.zeros((), tl.int64)
-    for b in range(num_blocks):
-        m = tl.load(target_local_max_ptr + row * target_local_max_stride + b)
-        better = m > best
-        best = tl.where(better, m, best)
-        best_block = tl.where(better, b, best_block)
+    blocks = tl.arange(0, PADDED_VOCAB_NUM_BLOCKS)
+    m = tl.load(target_local_max_ptr + row * target_local_max_stride + blocks, mask=blocks < num_blocks,
+                other=float("-inf"))
+    _, best_block = tl.max(tl.where(m != m, float("-inf"), m), axis=0, return_indices=True,
+                           return_indices_tie_break_left=True)
     return tl.load(target_local_argmax_ptr + row * target_local_argmax_stride + best_block).to(tl.int64)
 
 
 @triton.jit
 def _residual_mass(local_residual_mass_ptr, local_residual_mass_stride, ratio, target_logits_ptr, target_logits_stride,
                    target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride,
-                   token, row, num_blocks, HAS_DRAFT_LOGITS: tl.constexpr):
+                   token, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr):
     # Block verification's residual mass at the next step's row: K15's tiles summed in float64 in
     # tile order (C29), or for a one-hot draft ratio * (1 - p(token)).
     if HAS_DRAFT_LOGITS:
         total = tl.zeros((), tl.float64)
-        for b in range(num_blocks):
-            total += tl.load(local_residual_mass_ptr + row * local_residual_mass_stride + b).to(tl.float64)
+        for c in range(0, num_blocks, ORDER_CHUNK):
+            b = c + tl.arange(0, ORDER_CHUNK)
+            partial = tl.load(local_residual_mass_ptr + row * local_residual_mass_stride + b, mask=b < num_blocks,
+                              other=0.0)
+            total = _sum_in_order(total, partial.to(tl.float64))
         mass = total.to(tl.float32)
     else:
         x = tl.load(target_logits_ptr + row * target_logits_stride + token).to(tl.float32)
         p = exp32(x - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
-                                 target_local_sumexp_stride, row, num_blocks))
+                                 target_local_sumexp_stride, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS))
         mass = ratio * (1.0 - p)
     return mass
 
@@ -411,7 +428,7 @@ def _rejection_kernel(
             if is_greedy:
                 target_argmax = _global_target_argmax(target_local_max_ptr, target_local_max_stride,
                                                       target_local_argmax_ptr, target_local_argmax_stride, row,
-                                                      vocab_num_blocks)
+                                                      vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS)
                 if SYNTHETIC_MODE:
                     accepted = u < tl.load(synthetic_conditional_rates_ptr + i)
                 else:
@@ -429,7 +446,7 @@ def _rejection_kernel(
                     mass = _residual_mass(local_residual_mass_ptr, local_residual_mass_stride, ratio, target_logits_ptr,
                                           target_logits_stride, target_local_max_ptr, target_local_max_stride,
                                           target_local_sumexp_ptr, target_local_sumexp_stride, nxt, row + 1,
-                                          vocab_num_blocks, HAS_DRAFT_LOGITS)
+                                          vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS, HAS_DRAFT_LOGITS)
                     denom = mass + 1.0 - ratio
                     h = tl.where(denom > 0.0, tl.math.div_rn(mass, denom), 1.0)
                 # No early exit: a later step's accept takes the whole block up to it.
@@ -440,7 +457,7 @@ def _rejection_kernel(
                     token, valid, row, slot, i, temp, target_logits_ptr, target_logits_stride, target_local_max_ptr,
                     target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride, draft_logits_ptr,
                     draft_logits_stride_0, draft_logits_stride_1, draft_local_max_ptr, draft_local_max_stride,
-                    draft_local_sumexp_ptr, draft_local_sumexp_stride, vocab_num_blocks, HAS_DRAFT_LOGITS)
+                    draft_local_sumexp_ptr, draft_local_sumexp_stride, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS, HAS_DRAFT_LOGITS)
                 if FLY_WINDOW_SIZE == 0 or pending < 0:
                     target_lse = step_target_lse
                     draft_lse = step_draft_lse
@@ -482,10 +499,10 @@ def _rejection_kernel(
         if not is_greedy and accepted_length < num_drafts:
             rejected = start + accepted_length
             target_lse = _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
-                                    target_local_sumexp_stride, rejected, vocab_num_blocks)
+                                    target_local_sumexp_stride, rejected, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS)
             if HAS_DRAFT_LOGITS:
                 draft_lse = _logsumexp(draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr,
-                                       draft_local_sumexp_stride, rejected, vocab_num_blocks)
+                                       draft_local_sumexp_stride, rejected, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS)
     tl.store(target_rejected_logsumexp_ptr + req_idx, target_lse)
     tl.store(draft_rejected_logsumexp_ptr + req_idx, draft_lse)
 
