@@ -234,8 +234,8 @@ SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
   return {m, static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale))};
 }
 
-// Copies n logits as float32 into `dst`, -0.0 read as +0.0 (C30) and divided by `temperature`
-// (1 for the target: exact), and returns what the value checks would refuse: kNotFinite (NaN or +inf read)
+// Copies n logits as float32 into `dst`, divided by `temperature` (1 for the target: exact), -0.0
+// read as +0.0 before and after (C30), and returns what the value checks would refuse: kNotFinite (NaN or +inf read)
 // and kInfScaled (+inf after the division). Kernels compute from `dst` into scratch and run the
 // checks that name the argument only when a tile reports something, before writing any output:
 // one pass over the logits instead of three.
@@ -248,7 +248,7 @@ constexpr int kNotFinite = 1, kInfScaled = 2;
     for (std::int64_t q = 0; q < n; ++q) {                                                                \
       const float v = to_float(src[q]);                                                                   \
       bad |= !(v < inf);                                                                                  \
-      dst[q] = (v + 0.0f) / temperature;                                                                  \
+      dst[q] = (v + 0.0f) / temperature + 0.0f;  /* -0.0 after the division too (C30) */                \
       scaled_inf |= dst[q] == inf;                                                                        \
     }                                                                                                     \
     return bad * kNotFinite | scaled_inf * kInfScaled;                                                    \

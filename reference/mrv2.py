@@ -117,7 +117,7 @@ def _compute_local_logits_stats_kernel(
         store("target_local_sumexp", i, se)
         if HAS_DRAFT_LOGITS:
             at = s * draft_logits_stride_0 + int(expanded_local_pos_ptr[i]) * draft_logits_stride_1
-            d = _tiles(draft_logits_ptr.reshape(-1)[at:], v, block) / t  # float32, rounded once
+            d = _tiles(draft_logits_ptr.reshape(-1)[at:], v, block) / t + 0.0  # rounded once; -0.0 as +0.0 (C30)
             m, se = gumbel.max_and_sumexp(d)
             store("draft_local_max", i, m)
             store("draft_local_sumexp", i, se)

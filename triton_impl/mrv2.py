@@ -8,18 +8,25 @@ import triton
 import triton.language as tl
 
 from triton_impl.gumbel import (
-    exact_sum,
+    SUM_SCALE,
     exp32,
+    exp_units,
+    fixed46,
     gumbel32,
     gumbel64,
     log1p32,
     log32,
-    max_and_sumexp,
     murmur3_uniform32,
     murmur3_uniform64,
     spec_step_seed,
     tl_rand32,
 )
+
+# Tiles are read in slices of these many columns where a kernel keeps several values per column
+# (registers, not the tile, bound the work in flight); ORDER_CHUNK tile statistics are read at once.
+ORDER_CHUNK = tl.constexpr(16)
+RESIDUAL_SLICE = tl.constexpr(1024)
+STATS_SLICE = tl.constexpr(2048)
 
 
 @triton.jit
@@ -108,24 +115,60 @@ def _compute_local_logits_stats_kernel(
     slot = tl.load(expanded_idx_mapping_ptr + logit_idx).to(tl.int64)
     temp = tl.load(temp_ptr + slot).to(tl.float32)
     block_idx = tl.program_id(1).to(tl.int64)
-    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = cols < vocab_size
-    x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
-    x = x.to(tl.float32) + 0.0  # -0.0 reads as +0.0 (C30)
+    start = block_idx * BLOCK_SIZE
+    target_row = target_logits_ptr + logit_idx * target_logits_stride
     if temp == 0.0:
-        value, idx = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        tl.store(target_local_argmax_ptr + logit_idx * target_local_argmax_stride + block_idx, block_idx * BLOCK_SIZE + idx)
-        tl.store(target_local_max_ptr + logit_idx * target_local_max_stride + block_idx, value)
+        # The first index of the tile's maximum, slice by slice: a later slice wins only when higher.
+        SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < STATS_SLICE else STATS_SLICE
+        best = tl.full((), float("-inf"), tl.float32)
+        best_idx = tl.zeros((), tl.int64)
+        for c in range(0, BLOCK_SIZE, SLICE):
+            x = _slice(target_row, start + c, vocab_size, SLICE)
+            value, idx = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            better = (value > best) | (c == 0)
+            best_idx = tl.where(better, c + idx, best_idx)
+            best = tl.where(better, value, best)
+        tl.store(target_local_argmax_ptr + logit_idx * target_local_argmax_stride + block_idx, start + best_idx)
+        tl.store(target_local_max_ptr + logit_idx * target_local_max_stride + block_idx, best)
     else:
-        m, se = max_and_sumexp(x)
+        m, se = _tile_max_and_sumexp(target_row, start, vocab_size, temp, False, BLOCK_SIZE)
         tl.store(target_local_max_ptr + logit_idx * target_local_max_stride + block_idx, m)
         tl.store(target_local_sumexp_ptr + logit_idx * target_local_sumexp_stride + block_idx, se)
         if HAS_DRAFT_LOGITS:
             row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
-            d = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32) + 0.0
-            m, se = max_and_sumexp(tl.math.div_rn(d, temp))  # rounded once (C29)
+            m, se = _tile_max_and_sumexp(row, start, vocab_size, temp, True, BLOCK_SIZE)
             tl.store(draft_local_max_ptr + logit_idx * draft_local_max_stride + block_idx, m)
             tl.store(draft_local_sumexp_ptr + logit_idx * draft_local_sumexp_stride + block_idx, se)
+
+
+@triton.jit
+def _slice(row, start, n, SLICE: tl.constexpr):
+    # Columns [start, start + SLICE) of a row as float32, -inf past n, -0.0 read as +0.0 (C30).
+    cols = start + tl.arange(0, SLICE)
+    return tl.load(row + cols, mask=cols < n, other=float("-inf")).to(tl.float32) + 0.0
+
+
+@triton.jit
+def _tile_max_and_sumexp(row, start, n, temp, DIVIDE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # max_and_sumexp of the tile at `start` (divided by temp, rounded once, when DIVIDE), in slices
+    # of at most STATS_SLICE columns: a first pass for the maximum (of the undivided logits, divided
+    # once after: x -> RN(x / t) is monotone for t > 0), a second for the exact sum, so a slice's
+    # values and int64 units stay in registers.
+    SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < STATS_SLICE else STATS_SLICE
+    m = tl.full((), float("-inf"), tl.float32)
+    for c in range(0, BLOCK_SIZE, SLICE):
+        m = tl.maximum(m, tl.max(_slice(row, start + c, n, SLICE), axis=0))
+    if DIVIDE:
+        m = tl.math.div_rn(m, temp) + 0.0  # a quotient's -0.0 reads as +0.0 too (C30)
+    live = m > float("-inf")
+    base = tl.where(live, m, 0.0)
+    units = tl.zeros((), tl.int64)
+    for c in range(0, BLOCK_SIZE, SLICE):
+        x = _slice(row, start + c, n, SLICE)
+        if DIVIDE:
+            x = tl.math.div_rn(x, temp)
+        units += tl.sum(exp_units(x - base), axis=0)
+    return m, tl.where(live, (units.to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32), 0.0)
 
 
 @triton.jit
@@ -163,7 +206,6 @@ def _insert_resampled_kernel(
     tl.store(sampled_ptr + req_idx * sampled_stride + num_sampled, token)
 
 
-ORDER_CHUNK = tl.constexpr(16)
 
 
 @triton.jit
@@ -304,19 +346,28 @@ def _compute_local_residual_mass_kernel(
     if temp == 0.0:
         return
     block_idx = tl.program_id(1).to(tl.int64)
-    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = cols < vocab_size
-    x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
-    m_b = exp32(x.to(tl.float32) - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
-                                              target_local_sumexp_stride, logit_idx, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS))
-    row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
-    y = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    m_s = exp32(tl.math.div_rn(y, temp) - _logsumexp(draft_local_max_ptr, draft_local_max_stride,
-                                                     draft_local_sumexp_ptr, draft_local_sumexp_stride, logit_idx,
-                                                     vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS))
+    lse_t = _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
+                       target_local_sumexp_stride, logit_idx, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS)
+    lse_d = _logsumexp(draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr, draft_local_sumexp_stride,
+                       logit_idx, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS)
     p_prev = exp32(tl.load(cumulative_log_p_ptr + logit_idx - 1))
-    terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
-    tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx, exact_sum(terms))
+    row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
+    # The tile in slices of at most RESIDUAL_SLICE columns: the sum is exact, so slicing changes no
+    # bit, and a slice's two exps, fma and int64 units stay in registers (a whole 8192-column tile
+    # spilled them).
+    SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < RESIDUAL_SLICE else RESIDUAL_SLICE
+    units = tl.zeros((), tl.int64)
+    for c in range(0, BLOCK_SIZE, SLICE):
+        cols = block_idx * BLOCK_SIZE + c + tl.arange(0, SLICE)
+        mask = cols < vocab_size
+        x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
+        y = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        m_b = exp32(x.to(tl.float32) - lse_t)
+        m_s = exp32(tl.math.div_rn(y, temp) - lse_d)
+        terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
+        units += tl.sum(fixed46(terms), axis=0)
+    tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx,
+             (units.to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32))
 
 
 @triton.jit
