@@ -1001,7 +1001,7 @@ SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTil
       F8 lp = v - r.lse_t;
       if (r.shifted) lp = lp + r.shift;
       const F8 ratio = exp32(loadu(r.y + j) - r.lse_d - lp);
-      const F8 log1p = log1p32(ratio < 1.0f ? -ratio : F8{});
+      const F8 log1p = log1p32_negative(ratio < 1.0f ? -ratio : F8{});
       v = ratio < 1.0f ? lp + log1p : F8{} + kNegInf;
     }
     if (r.noise) {

@@ -105,25 +105,36 @@ def exp32(x):
 
 
 @triton.jit
-def log32(x):
-    # C29's log (reference/gumbel.py); the quotient is div_rn, as the GPU's default division is not
-    # correctly rounded.
-    x = x.to(tl.float32)
-    sub = x < 1.1754943508222875e-38
-    b = tl.where(sub, x * 8388608.0, x).to(tl.int32, bitcast=True)
-    e = (b >> 23) - tl.where(sub, 150, 127)
+def _log_core(b, bias):
+    # C29's log of the float with bits b, whose exponent field minus `bias` is its exponent (127 for
+    # a positive normal float; log32 scales subnormals by 2^23 first). No special values.
+    e = (b >> 23) - bias
     mb = (b & 0x7FFFFF) | 0x3F800000
     big = mb > 0x3FB504F3
     f = tl.where(big, mb - 8388608, mb).to(tl.float32, bitcast=True) - 1.0
     ef = (e + big.to(tl.int32)).to(tl.float32)
-    s = tl.math.div_rn(f, 2.0 + f)
+    s = tl.math.div_rn(f, 2.0 + f)  # div_rn: the GPU's default division is not correctly rounded
     z = s * s
-    q = tl.full(x.shape, 2.0 / 11.0, tl.float32)
+    q = tl.full(f.shape, 2.0 / 11.0, tl.float32)
     q = tl.fma(q, z, 2.0 / 9.0)
     q = tl.fma(q, z, 2.0 / 7.0)
     q = tl.fma(q, z, 2.0 / 5.0)
     q = tl.fma(q, z, 2.0 / 3.0)
-    y = tl.fma(ef, 0.693145751953125, tl.fma(ef, 1.4286068203094173e-06, tl.fma(-s, tl.fma(-z, q, f), f)))
+    return tl.fma(ef, 0.693145751953125, tl.fma(ef, 1.4286068203094173e-06, tl.fma(-s, tl.fma(-z, q, f), f)))
+
+
+@triton.jit
+def log32_normal(x):
+    # log32 of a positive normal float32 (the callers know it is one): the same bits, fewer steps.
+    return _log_core(x.to(tl.int32, bitcast=True), 127)
+
+
+@triton.jit
+def log32(x):
+    # C29's log (reference/gumbel.py).
+    x = x.to(tl.float32)
+    sub = x < 1.1754943508222875e-38
+    y = _log_core(tl.where(sub, x * 8388608.0, x).to(tl.int32, bitcast=True), tl.where(sub, 150, 127))
     y = tl.where(x > 0.0, y, tl.where(x == 0.0, float("-inf"), float("nan")))
     return tl.where(x == float("inf"), x, y)
 
@@ -139,6 +150,14 @@ def log1p32(x):
 
 
 @triton.jit
+def log1p32_negative(x):
+    # log1p32 of x in (-1, 0]: 1 + x is then positive and normal (at least 2^-24).
+    u = 1.0 + x
+    c = x - (u - 1.0)
+    return log32_normal(u) + tl.where(c == 0.0, 0.0, tl.math.div_rn(c, u))
+
+
+@triton.jit
 def log1p_neg32(u):
     p = tl.full(u.shape, 0.125, tl.float32)
     p = tl.fma(u, p, 1.0 / 7.0)
@@ -149,13 +168,14 @@ def log1p_neg32(u):
     p = tl.fma(u, p, 1.0 / 2.0)
     p = tl.fma(u, p, 1.0)
     series = -u * p
-    direct = log32(tl.maximum(1.0 - u, 5.960464477539063e-08))
+    direct = log32_normal(tl.maximum(1.0 - u, 5.960464477539063e-08))
     return tl.where(u < 0.25, series, direct)
 
 
 @triton.jit
 def gumbel32(u):
-    return -log32(-log1p_neg32(u))
+    # u is a murmur3 uniform, at least 2^-33: -log(1 - u) is positive and normal.
+    return -log32_normal(-log1p_neg32(u))
 
 
 @triton.jit

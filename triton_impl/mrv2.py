@@ -14,7 +14,7 @@ from triton_impl.gumbel import (
     fixed46,
     gumbel32,
     gumbel64,
-    log1p32,
+    log1p32_negative,
     log32,
     murmur3_uniform32,
     murmur3_uniform64,
@@ -209,29 +209,19 @@ def _insert_resampled_kernel(
 
 
 @triton.jit
-def _sum_in_order(total, terms):
-    # total + terms[0] + terms[1] + ... in float64, in index order (C29's "tile order"): each term
-    # leaves the registers through a masked sum of one value and zeros, which is exact.
-    lanes = tl.arange(0, ORDER_CHUNK)
-    for j in tl.static_range(ORDER_CHUNK):
-        total += tl.sum(tl.where(lanes == j, terms, 0.0), axis=0)
-    return total
-
-
-@triton.jit
 def _logsumexp(max_ptr, max_stride, sumexp_ptr, sumexp_stride, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS: tl.constexpr):
     # C29: G = max of the tile maxima; T = float64 sum, in tile order, of sumexp_b * exp32(m_b - G)
     # (exact products: fusing changes nothing); G + log(T) rounded to float32. The tiles are read a
-    # vector at a time (one memory round trip per ORDER_CHUNK tiles, not per tile).
+    # chunk at a time (one memory round trip per ORDER_CHUNK tiles, not per tile).
     blocks = tl.arange(0, PADDED_VOCAB_NUM_BLOCKS)
     g = tl.max(tl.load(max_ptr + row * max_stride + blocks, mask=blocks < num_blocks, other=float("-inf")), axis=0)
     total = tl.zeros((), tl.float64)
     for c in range(0, num_blocks, ORDER_CHUNK):
-        b = c + tl.arange(0, ORDER_CHUNK)
-        live = b < num_blocks
-        m = tl.load(max_ptr + row * max_stride + b, mask=live, other=float("-inf"))
-        se = tl.load(sumexp_ptr + row * sumexp_stride + b, mask=live, other=0.0)
-        total = _sum_in_order(total, tl.where(live, se.to(tl.float64) * exp32(m - g).to(tl.float64), 0.0))
+        for j in tl.static_range(ORDER_CHUNK):  # unrolled: the chunk's loads are all issued before the adds
+            live = c + j < num_blocks
+            m = tl.load(max_ptr + row * max_stride + c + j, mask=live, other=float("-inf"))
+            se = tl.load(sumexp_ptr + row * sumexp_stride + c + j, mask=live, other=0.0)
+            total += tl.where(live, se.to(tl.float64) * exp32(m - g).to(tl.float64), 0.0)
     return (g.to(tl.float64) + tl.log(total)).to(tl.float32)
 
 
@@ -391,10 +381,9 @@ def _residual_mass(local_residual_mass_ptr, local_residual_mass_stride, ratio, t
     if HAS_DRAFT_LOGITS:
         total = tl.zeros((), tl.float64)
         for c in range(0, num_blocks, ORDER_CHUNK):
-            b = c + tl.arange(0, ORDER_CHUNK)
-            partial = tl.load(local_residual_mass_ptr + row * local_residual_mass_stride + b, mask=b < num_blocks,
-                              other=0.0)
-            total = _sum_in_order(total, partial.to(tl.float64))
+            for j in tl.static_range(ORDER_CHUNK):
+                total += tl.load(local_residual_mass_ptr + row * local_residual_mass_stride + c + j,
+                                 mask=c + j < num_blocks, other=0.0).to(tl.float64)
         mass = total.to(tl.float32)
     else:
         x = tl.load(target_logits_ptr + row * target_logits_stride + token).to(tl.float32)
@@ -623,7 +612,7 @@ def _resample_kernel(
         lq = tl.math.div_rn(y, temp) - tl.load(draft_rejected_logsumexp_ptr + req_idx)
         # log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
         ratio = exp32(lq - lp)
-        residual = tl.where(ratio < 1.0, lp + log1p32(-ratio), float("-inf"))
+        residual = tl.where(ratio < 1.0, lp + log1p32_negative(-ratio), float("-inf"))
     else:
         residual = tl.where(cols != rejected, x, float("-inf"))  # a one-hot draft: the target without it
     if USE_FP64:
