@@ -163,7 +163,7 @@ def _within(rtol: float, atol: float = 0.0) -> Callable[[torch.Tensor, torch.Ten
 DEPARTURES: tuple[Departure, ...] = (
     Departure(
         "C29", ("_compute_local_logits_stats_kernel",), None,
-        "sums of exponentials are exact sums of float32(exp(float64 x)); vLLM's float32 exp and its tree or "
+        "sums of exponentials are exact sums of C29's specified exp32; vLLM's float32 exp and its tree or "
         "NumPy sums differ in the last bits (within 1e-5 relative)",
         _outputs("target_local_sumexp_ptr", "draft_local_sumexp_ptr"), _within(1e-5),
     ),
@@ -193,7 +193,7 @@ DEPARTURES: tuple[Departure, ...] = (
     ),
     Departure(
         "C29", ("_resample_kernel",), None,
-        "resample scores add noise from C29's correctly rounded logs to C29 residuals; vLLM's float32 exp, log "
+        "resample scores add noise from C29's specified logs to C29 residuals; vLLM's float32 exp, log "
         "and log1p move them in the last bits (within 1e-5 relative, 1e-6 absolute)",
         _outputs("resampled_local_max_ptr"), _within(1e-5, 1e-6),
     ),

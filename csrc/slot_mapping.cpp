@@ -64,7 +64,7 @@ SPECDIFF_CLONES void bounds(const Pos* __restrict__ p, std::int64_t n, std::int6
   most = hi;
 }
 
-// The common launch (no context parallelism, a table of one run, a batch for one thread): the
+// The common launch (no context parallelism, a table of one run): the
 // block index only grows with the position, and the last request's row ends nearest the table's
 // end, so the batch's smallest and largest positions decide every token's checks in one vectorized
 // pass, and the slots go straight to the output. False, with nothing written, when that bound does
@@ -82,12 +82,20 @@ bool direct_slots(const std::vector<std::int64_t>& qsl, const Pos* __restrict__ 
         __builtin_add_overflow(row, split_of(most).virtual_block, &flat) || flat >= tab.end)
       return false;
   }
-  for (std::size_t r = 0; r < requests; ++r) {
-    const T* __restrict__ row = tab.data + static_cast<std::int64_t>(r) * tab.stride;
-    const std::int64_t hi = qsl[r + 1];  // held: a store to slots may not alias it
-    for (std::int64_t t = qsl[r]; t < hi; ++t) {
-      const Split s = split_of(static_cast<std::int64_t>(position[t]));
-      slots[t] = static_cast<O>(static_cast<std::int64_t>(row[s.virtual_block]) * kbs + s.local_offset);
+  // The writes are independent: a large batch splits its tokens among the team (an `if` clause, so
+  // the thread check's shim can force a small one parallel too).
+  const std::int64_t n = last - first;
+#pragma omp parallel if (parallel_if(n >= kParallelTokens))
+  {
+    const std::int64_t k = omp_get_num_threads(), i = omp_get_thread_num();
+    const std::int64_t lo = first + n * i / k, end = first + n * (i + 1) / k;
+    for (std::int64_t t = lo, r = lo < end ? request_of(qsl, lo) : 0; t < end; ++r) {
+      const T* __restrict__ row = tab.data + r * tab.stride;
+      const std::int64_t hi = std::min(end, qsl[static_cast<std::size_t>(r) + 1]);  // held: a store may not alias it
+      for (; t < hi; ++t) {
+        const Split s = split_of(static_cast<std::int64_t>(position[t]));
+        slots[t] = static_cast<O>(static_cast<std::int64_t>(row[s.virtual_block]) * kbs + s.local_offset);
+      }
     }
   }
   return true;
@@ -169,7 +177,7 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
         auto by_shift = [=](std::int64_t p) { return Split{p >> shift, p & (kbs - 1), true}; };
         auto by_division = [=](std::int64_t p) { return Split{p / kbs, p % kbs, true}; };
         auto by_rank = [=](std::int64_t p) { return split(p, kbs, world, rank, interleave); };
-        if (world == 1 && !parallel_if(n >= kParallelTokens)) {
+        if (world == 1) {
           py::gil_scoped_release nogil;
           if (pow2 ? direct_slots(qsl, position, tab, slots, by_shift, kbs) : direct_slots(qsl, position, tab, slots, by_division, kbs)) {
             // The tail is padded on every launch, so a smaller batch overwrites stale slots (C22).
@@ -189,14 +197,10 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
             if (pow2) return slots_of(qsl, position, tab, block_table, lo, hi, out, by_shift, pad_id, kbs);
             return slots_of(qsl, position, tab, block_table, lo, hi, out, by_division, pad_id, kbs);
           };
-          if (parallel_if(n >= kParallelTokens)) {
-#pragma omp parallel reduction(min : bad)
-            {
-              const std::int64_t k = omp_get_num_threads(), i = omp_get_thread_num();
-              bad = run(first + n * i / k, first + n * (i + 1) / k);
-            }
-          } else {
-            bad = run(first, last);
+#pragma omp parallel if (parallel_if(n >= kParallelTokens)) reduction(min : bad)
+          {
+            const std::int64_t k = omp_get_num_threads(), i = omp_get_thread_num();
+            bad = run(first + n * i / k, first + n * (i + 1) / k);
           }
         }
         if (bad < last) {  // worded as the oracle words it

@@ -202,23 +202,18 @@ def log1p32(x: torch.Tensor) -> torch.Tensor:
 
 
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
-    """float32 ``a * b + c`` rounded once. The float64 product is exact; the float64 sum is
-    corrected by its rounding error where the float32 rounding sits exactly on a tie."""
+    """float32 ``a * b + c`` rounded once. The float64 product is exact; the float64 sum is rounded
+    to odd (an inexact sum whose last bit is even moves one float64 ulp toward the exact value, by
+    its TwoSum error), and a round-to-odd float64 rounds to float32 as the exact value would."""
     p = a.to(F64) * b.to(F64)
     c = torch.as_tensor(c, dtype=F32).to(F64)
     s = p + c
-    # TwoSum: s + err == p + c exactly.
     bb = s - p
-    err = (p - (s - bb)) + (c - bb)
-    r = s.to(F32)
-    # s rounds to r; if s is a float32 tie, the exact sum's side of it (err) decides.
-    up = torch.nextafter(r, torch.tensor(float("inf"), dtype=F32))
-    down = torch.nextafter(r, torch.tensor(float("-inf"), dtype=F32))
-    lo_tie = (r.to(F64) + down.to(F64)) * 0.5
-    hi_tie = (r.to(F64) + up.to(F64)) * 0.5
-    r = torch.where((s == hi_tie) & (err > 0), up, r)
-    r = torch.where((s == lo_tie) & (err < 0), down, r)
-    return r
+    err = (p - (s - bb)) + (c - bb)  # TwoSum: s + err == p + c exactly
+    bits = s.view(I64)
+    nudge = (err != 0) & ((bits & 1) == 0) & torch.isfinite(s)
+    toward = torch.where((err > 0) == (s > 0), 1, -1)  # away from zero when the exact value is larger in magnitude
+    return torch.where(nudge, bits + toward, bits).view(F64).to(F32)
 
 
 _HORNER = tuple(torch.tensor(1.0 / k, dtype=F32) for k in (7, 6, 5, 4, 3, 2, 1))

@@ -190,3 +190,51 @@ def test_mrv2_block_verification_accepts_at_least_as_much():
     assert abs(z) < stats.norm.ppf(1 - ALPHA / 2)
     assert stats.ttest_ind(block, standard, equal_var=False, alternative="less").pvalue > ALPHA
     assert stats.ttest_ind(block - 1, standard, equal_var=False, alternative="less").pvalue < ALPHA
+
+
+def test_mrv2_synthetic_mode_reproduces_the_configured_acceptance_rates():
+    """MRV2's synthetic mode accepts draft i with the configured conditional rate, from its own Philox
+    uniform: the accepted lengths follow the unconditional rates, and a slightly wrong rate is caught."""
+    k = len(UNCONDITIONAL)
+    n = sample_size(k + 1)
+    rates = torch.tensor(unconditional_to_conditional_rates(UNCONDITIONAL), dtype=torch.float32)
+    _, num_sampled, _ = mrv2_run(n, k, True, 13, synthetic_conditional_rates=rates)
+    counts = torch.bincount(num_sampled.long() - 1, minlength=k + 1)
+    assert p_value(counts, length_distribution(UNCONDITIONAL)) > ALPHA
+    assert p_value(counts, length_distribution([0.85, 0.45, 0.15])) < ALPHA
+
+
+def test_mrv2_residual_noise_is_independent_of_the_acceptance_uniform():
+    """A rejected draft is replaced by a sample of the residual max(p - q, 0), which with draft logits
+    does not depend on the draft: the resampled token must be independent of the acceptance uniform
+    (Philox) that rejected it, its noise coming from another stream (murmur3). Chi-square test of
+    independence between the uniform's half and the token, at ALPHA; it flags a sampler whose token
+    follows the uniform."""
+    from reference.gumbel import tl_rand32
+
+    n = sample_size(len(P)) * 3
+    g = torch.Generator().manual_seed(17)
+    drafts = torch.multinomial(Q, n, replacement=True, generator=g).to(torch.int32).view(n, 1)
+    tokens = torch.cat([torch.zeros(n, 1, dtype=torch.int32), drafts], 1).reshape(-1)
+    pos = torch.randint(0, 2**40, (2 * n,), generator=g)
+    seed = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
+    from conformance.compositions import mrv2_rejection_sample
+
+    sampled, num_sampled = mrv2_rejection_sample(
+        P.log().expand(2 * n, len(P)).contiguous(), Q.log().expand(n, 1, len(P)).contiguous(), tokens,
+        torch.arange(0, 2 * n + 1, 2, dtype=torch.int32), pos, torch.arange(n), torch.arange(n).repeat_interleave(2),
+        torch.arange(2, dtype=torch.int32).repeat(n), torch.ones(n), seed, 1, backend="cpu")
+    rejected = num_sampled == 1
+    u = tl_rand32(seed, pos[0::2], includes_zero=False)  # the uniform that tested each request's draft
+    high = (u >= u[rejected].median())[rejected].long()
+    token = sampled[rejected, 0].long()
+    assert int(rejected.sum()) > 0.3 * n and set(token.unique().tolist()) <= {0, 1}  # the residual's support
+
+    def independence(high: torch.Tensor, token: torch.Tensor) -> float:
+        table = torch.zeros(2, 2, dtype=torch.float64)
+        table.index_put_((high, token), torch.ones_like(high, dtype=torch.float64), accumulate=True)
+        return float(stats.chi2_contingency(table.numpy()).pvalue)
+
+    assert independence(high, token) > ALPHA
+    follows = torch.where(torch.rand(high.numel(), generator=g) < 0.1, high, token)  # a 10 % leak of u
+    assert independence(high, follows) < ALPHA

@@ -238,13 +238,6 @@ def fixed46(t):
 
 
 @triton.jit
-def exact_sum(terms):
-    """The C29 sum of a tile of float32 terms in [0, 1]: exact in units of 2^-46 (int64), then
-    rounded to float32 through float64."""
-    return (tl.sum(fixed46(terms), axis=0).to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32)
-
-
-@triton.jit
 def exp_units(x):
     # fixed46(exp32(x)) for x <= 0 (-inf included; C30 rules NaN out), the unit of every exp-sum,
     # in about half exp32's and fixed46's instructions: below -33 the term is under 2^-46 (0 units),
