@@ -250,14 +250,6 @@ def exp_units(x):
 
 
 @triton.jit
-def max_and_sumexp(x):
-    m = tl.max(x, axis=0)
-    live = m > float("-inf")
-    units = tl.sum(exp_units(x - tl.where(live, m, 0.0)), axis=0)
-    return m, tl.where(live, (units.to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32), 0.0)
-
-
-@triton.jit
 def _exp_units_probe_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
