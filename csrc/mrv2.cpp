@@ -212,6 +212,8 @@ struct TileStats {
 };
 
 inline std::int64_t fixed_term(float term) { return static_cast<std::int64_t>(static_cast<double>(term) * kSumScale); }
+// A C29 sum: int64 units of 2^-46, rounded to float32 through float64.
+inline float from_units(std::int64_t units) { return static_cast<float>(static_cast<double>(units) * (1.0 / kSumScale)); }
 
 // Eight lanes at a time (vmath.h: the same bits as the scalar spec, lane for lane).
 SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
@@ -231,7 +233,7 @@ SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
   std::int64_t fixed = 0;
   for (int l = 0; l < 8; ++l) fixed += sum[l];
   for (std::int64_t j = n8; j < n; ++j) fixed += fixed_term(gumbel::exp32(x[j] - m));
-  return {m, static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale))};
+  return {m, from_units(fixed)};
 }
 
 // Copies n logits as float32 into `dst`, divided by `temperature` (1 for the target: exact), -0.0
@@ -670,7 +672,7 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
           // p_prev: the joint ratio before this step. Each term is one rounding (C29), in [0, 1].
           const float p_prev = gumbel::exp32(prefix[i - 1]);
           const std::int64_t fixed = residual_mass(x.data(), y.data(), n, lse_t[j], lse_d[j], p_prev, above);
-          masses[c] = static_cast<float>(static_cast<double>(fixed) * (1.0 / kSumScale));
+          masses[c] = from_units(fixed);
         }
       }
     });

@@ -227,6 +227,12 @@ SUM_SCALE = tl.constexpr(70368744177664.0)  # 2^46 (C29)
 
 
 @triton.jit
+def units_to_float(units):
+    # A C29 sum: int64 units of 2^-46, rounded to float32 through float64.
+    return (units.to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32)
+
+
+@triton.jit
 def fixed46(t):
     # floor(t * 2^46) of float32 t in [0, 1], from its bits: the significand shifted by the exponent
     # (no float64 conversion, which a GPU runs at an eighth of its float32 rate).

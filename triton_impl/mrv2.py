@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 
 from triton_impl.gumbel import (
-    SUM_SCALE,
     exp32,
     exp_units,
     fixed46,
@@ -20,6 +19,7 @@ from triton_impl.gumbel import (
     murmur3_uniform64,
     spec_step_seed,
     tl_rand32,
+    units_to_float,
 )
 
 # Tiles are read in slices of these many columns where a kernel keeps several values per column
@@ -168,7 +168,7 @@ def _tile_max_and_sumexp(row, start, n, temp, DIVIDE: tl.constexpr, BLOCK_SIZE: 
         if DIVIDE:
             x = tl.math.div_rn(x, temp)
         units += tl.sum(exp_units(x - base), axis=0)
-    return m, tl.where(live, (units.to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32), 0.0)
+    return m, tl.where(live, units_to_float(units), 0.0)
 
 
 @triton.jit
@@ -369,7 +369,7 @@ def _compute_local_residual_mass_kernel(
         terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
         units += tl.sum(fixed46(terms), axis=0)
     tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx,
-             (units.to(tl.float64) * (1.0 / SUM_SCALE)).to(tl.float32))
+             units_to_float(units))
 
 
 @triton.jit
