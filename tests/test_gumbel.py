@@ -290,6 +290,40 @@ def test_exp_units_are_the_fixed_point_of_exp32():
     assert int(want[-10]) == 2**46 and int(want[-1]) == 0
 
 
+def test_division_by_a_temperature_is_correctly_rounded():
+    # K13, K15 and K17 divide a tile by its temperature as div_by (a reciprocal and two fmas):
+    # bit for bit the IEEE quotient, on random significands over the whole exponent range (blocks of
+    # only normal-range values take the fast steps, blocks with a tiny or huge value the general
+    # division), significands near all ones, exact quotients, zeros and infinities, and temperatures
+    # inside and outside the fast steps' range.
+    g = torch.Generator().manual_seed(10)
+    n_blocks = 96
+    n = n_blocks * BLOCK
+
+    def floats(lo: int, hi: int, k: int) -> torch.Tensor:
+        e = torch.randint(lo, hi, (k,), generator=g)
+        m = torch.randint(0, 1 << 23, (k,), generator=g)
+        m = torch.where(torch.rand(k, generator=g) < 0.2, (1 << 23) - 1 - torch.randint(0, 3, (k,), generator=g), m)
+        return ((e << 23) | m).to(I32).view(F32)
+
+    t = floats(127 - 24, 127 + 24, n_blocks)  # some outside [2^-20, 2^20]
+    t[:6] = torch.tensor([1.0, 0.7, 0.3, 0.01, 2.0**-20, 2.0**20])
+    x = floats(127 - 90, 127 + 90, n) * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    x[:BLOCK] = (torch.randint(-4096, 4096, (BLOCK,), generator=g) * t[0]).to(F32)  # exact quotients
+    x[BLOCK: 2 * BLOCK: 7] = float("inf")
+    x[BLOCK + 1: 2 * BLOCK: 7] = -0.0
+    x[BLOCK + 2: 2 * BLOCK: 7] = 0.0
+    x[2 * BLOCK: 3 * BLOCK] = floats(1, 27, BLOCK)  # tiny: this block divides the general way
+    x[3 * BLOCK + 9] = -3e37  # huge: the quotient overflows
+    x[4 * BLOCK: 5 * BLOCK] = floats(1, 254, BLOCK)  # every exponent
+    want = x / t.repeat_interleave(BLOCK)
+    got = torch.empty(n, dtype=F32, device=device())
+    tri._div_probe_kernel[(n_blocks,)](got, x.to(device()), t.to(device()), n, BLOCK=BLOCK)
+    assert_bits_equal("div_by", want, got)
+    inside = ((t >= 2.0**-20) & (t <= 2.0**20)).sum()
+    assert 0 < inside < n_blocks
+
+
 def test_fma32_rounds_once():
     # a * b = 2^-24 (1 + 2^-24 - 2^-35) rounds to 2^-24, and 1 + 2^-24 is a tie that goes to even
     # (1); fused, the exact product lies past the tie (1 + 2^-23).

@@ -223,6 +223,43 @@ def _numerics_probe_kernel(exp_ptr, log_ptr, log1p_ptr, x_ptr, n, BLOCK: tl.cons
     tl.store(log1p_ptr + i, log1p32(tl.where(x < -1.0, -1.0, x)), mask=mask)  # NaN stays NaN
 
 
+@triton.jit
+def reciprocal(t):
+    # RN(1 / t) for div_by where t is in [2^-20, 2^20] (a per-program value: temperatures), else
+    # NaN, which sends div_by to the general division.
+    ok = (t >= 9.5367431640625e-07) & (t <= 1048576.0)
+    return tl.where(ok, tl.math.div_rn(1.0, tl.where(ok, t, 1.0)), float("nan"))
+
+
+@triton.jit
+def div_by(x, t, t_inv):
+    # RN(x / t) for a 1-D block x (C6: correctly rounded), in three float32 steps instead of a
+    # division per element (a reciprocal approximation, refinement and a check for the slow path
+    # each): with t_inv = RN(1 / t), q = RN(x t_inv) is within an ulp of x / t, the remainder
+    # x - q t is exact (one fma), and q + rem t_inv rounded once is RN(x / t) (Markstein's theorem),
+    # unless a step leaves the normal range: |x| in (0, 2^-100) or (2^100, inf), or t outside
+    # [2^-20, 2^20]. Zeros and infinities take q (exact for them); where any lane of the block is out
+    # of range, the whole block divides again the general way (a branch the block takes together).
+    q = x * t_inv
+    ax = tl.abs(x)
+    normal = (ax >= 7.888609052210118e-31) & (ax <= 1.2676506002282294e30)
+    odd = ((ax < 7.888609052210118e-31) & (ax != 0.0)) | ((ax > 1.2676506002282294e30) & (ax != float("inf")))
+    y = tl.where(normal, tl.fma(tl.fma(-q, t, x), t_inv, q), q)
+    if (tl.max(odd.to(tl.int32), axis=0) > 0) | (t_inv != t_inv):
+        y = tl.math.div_rn(x, t)
+    return y
+
+
+@triton.jit
+def _div_probe_kernel(out_ptr, x_ptr, t_ptr, n, BLOCK: tl.constexpr):
+    # One program per BLOCK elements and one divisor per program (t_ptr[pid]), as kernels use it.
+    pid = tl.program_id(0)
+    i = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    t = tl.load(t_ptr + pid)
+    tl.store(out_ptr + i, div_by(tl.load(x_ptr + i, mask=mask, other=1.0), t, reciprocal(t)), mask=mask)
+
+
 SUM_SCALE = tl.constexpr(70368744177664.0)  # 2^46 (C29)
 
 

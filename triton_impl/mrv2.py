@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from triton_impl.gumbel import (
+    div_by,
     exp32,
     exp_units,
     fixed46,
@@ -17,6 +18,7 @@ from triton_impl.gumbel import (
     log32,
     murmur3_uniform32,
     murmur3_uniform64,
+    reciprocal,
     spec_step_seed,
     tl_rand32,
     units_to_float,
@@ -153,22 +155,25 @@ def _tile_max_and_sumexp(row, start, n, temp, DIVIDE: tl.constexpr, BLOCK_SIZE: 
     # max_and_sumexp of the tile at `start` (divided by temp, rounded once, when DIVIDE), in slices
     # of at most STATS_SLICE columns: a first pass for the maximum (of the undivided logits, divided
     # once after: x -> RN(x / t) is monotone for t > 0), a second for the exact sum, so a slice's
-    # values and int64 units stay in registers.
+    # values and int64 units stay in registers. Both passes fold slices column by column and reduce
+    # across the block once (a maximum and an integer sum: the order changes no bit).
     SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < STATS_SLICE else STATS_SLICE
-    m = tl.full((), float("-inf"), tl.float32)
+    col_max = tl.full((SLICE,), float("-inf"), tl.float32)
     for c in range(0, BLOCK_SIZE, SLICE):
-        m = tl.maximum(m, tl.max(_slice(row, start + c, n, SLICE), axis=0))
+        col_max = tl.maximum(col_max, _slice(row, start + c, n, SLICE))
+    m = tl.max(col_max, axis=0)
     if DIVIDE:
         m = tl.math.div_rn(m, temp) + 0.0  # a quotient's -0.0 reads as +0.0 too (C30)
     live = m > float("-inf")
     base = tl.where(live, m, 0.0)
-    units = tl.zeros((), tl.int64)
+    temp_inv = reciprocal(temp)
+    col_units = tl.zeros((SLICE,), tl.int64)
     for c in range(0, BLOCK_SIZE, SLICE):
         x = _slice(row, start + c, n, SLICE)
         if DIVIDE:
-            x = tl.math.div_rn(x, temp)
-        units += tl.sum(exp_units(x - base), axis=0)
-    return m, tl.where(live, units_to_float(units), 0.0)
+            x = div_by(x, temp, temp_inv)
+        col_units += exp_units(x - base)
+    return m, tl.where(live, units_to_float(tl.sum(col_units, axis=0)), 0.0)
 
 
 @triton.jit
@@ -358,18 +363,19 @@ def _compute_local_residual_mass_kernel(
     # bit, and a slice's two exps, fma and int64 units stay in registers (a whole 8192-column tile
     # spilled them).
     SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < RESIDUAL_SLICE else RESIDUAL_SLICE
-    units = tl.zeros((), tl.int64)
+    temp_inv = reciprocal(temp)
+    col_units = tl.zeros((SLICE,), tl.int64)
     for c in range(0, BLOCK_SIZE, SLICE):
         cols = block_idx * BLOCK_SIZE + c + tl.arange(0, SLICE)
         mask = cols < vocab_size
         x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
         y = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32)
         m_b = exp32(x.to(tl.float32) - lse_t)
-        m_s = exp32(tl.math.div_rn(y, temp) - lse_d)
+        m_s = exp32(div_by(y, temp, temp_inv) - lse_d)
         terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
-        units += tl.sum(fixed46(terms), axis=0)
+        col_units += fixed46(terms)
     tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx,
-             units_to_float(units))
+             units_to_float(tl.sum(col_units, axis=0)))
 
 
 @triton.jit
@@ -622,7 +628,7 @@ def _resample_kernel(
         if USE_BLOCK_VERIFICATION:
             if step > 0:
                 lp += tl.load(cumulative_log_p_ptr + row - 1)  # the block residual scales p by the joint ratio
-        lq = tl.math.div_rn(y, temp) - tl.load(draft_rejected_logsumexp_ptr + req_idx)
+        lq = div_by(y, temp, reciprocal(temp)) - tl.load(draft_rejected_logsumexp_ptr + req_idx)
         # log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
         ratio = exp32(lq - lp)
         residual = tl.where(ratio < 1.0, lp + log1p32_negative(-ratio), float("-inf"))
