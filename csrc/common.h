@@ -22,8 +22,8 @@ namespace py = pybind11;
 // Rows of a small per-request kernel (a few loads and stores each) below which OpenMP's fork and
 // join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
 constexpr std::int64_t kParallelSmallRows = 16384;
-// Rows that each gather from a large table (a cache miss each: K2's probabilities, K5's block
-// table) are worth threads far sooner.
+// Rows that each gather from a large table (a cache miss per draft: K2's probabilities) or stream a
+// vocabulary row are worth threads far sooner.
 constexpr std::int64_t kParallelGatherRows = 256;
 
 // A build with -DSPECDIFF_FORCE_PARALLEL=1 (the ThreadSanitizer session, conformance/sanitize.py) runs

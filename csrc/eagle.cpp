@@ -21,8 +21,9 @@ constexpr const char* kInputs = "eagle_prepare_inputs_padded_kernel";
 constexpr const char* kNextToken = "eagle_prepare_next_token_padded_kernel";
 constexpr const char* kExpand = "copy_and_expand_eagle_inputs_kernel";
 
-// K5 goes parallel at kParallelGatherRows; K6 and K7 only touch small arrays and go parallel at
-// kParallelSmallRows (at 256 rows the fork and join was half of K6's time).
+// K5, K6 and K7 touch a few values per row and go parallel at kParallelSmallRows: at 256 rows the
+// fork and join was half of K6's time, and K5 took 6 us on one thread against 13 us on the lent
+// machine's 16 (its block-table gathers are a cache miss each, but one thread overlaps hundreds).
 
 void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std::int64_t block_table_stride,
                                       Buffer seq_lens, Buffer out_clamped_positions, Buffer out_slot_mapping,
@@ -59,7 +60,7 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
           C* clamped = out_clamped_positions.as<C>();
           O* slots = out_slot_mapping.as<O>();
           py::gil_scoped_release nogil;
-#pragma omp parallel for if (parallel_if(rows >= kParallelGatherRows)) schedule(static)
+#pragma omp parallel for if (parallel_if(rows >= kParallelSmallRows)) schedule(static)
           for (std::int64_t r = 0; r < rows; ++r) {
             if (r >= b) {  // cudagraph padding: only the slot mapping is written
               slots[r] = static_cast<O>(pad_id);
