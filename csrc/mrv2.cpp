@@ -215,24 +215,24 @@ inline std::int64_t fixed_term(float term) { return static_cast<std::int64_t>(st
 // A C29 sum: int64 units of 2^-46, rounded to float32 through float64.
 inline float from_units(std::int64_t units) { return static_cast<float>(static_cast<double>(units) * (1.0 / kSumScale)); }
 
-// Eight lanes at a time (vmath.h: the same bits as the scalar spec, lane for lane).
+// kLanes lanes at a time (vmath.h: the same bits as the scalar spec, lane for lane).
 SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
   using namespace vmath;
-  const std::int64_t n8 = n & ~std::int64_t{7};
-  F8 top = F8{} + kNegInf;
-  for (std::int64_t j = 0; j < n8; j += 8) {
-    const F8 v = loadu(x + j);
+  const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
+  Fv top = Fv{} + kNegInf;
+  for (std::int64_t j = 0; j < nv; j += kLanes) {
+    const Fv v = loadu(x + j);
     top = top < v ? v : top;  // std::max, lane by lane
   }
   float m = kNegInf;
-  for (int l = 0; l < 8 && n8 > 0; ++l) m = std::max(m, top[l]);
-  for (std::int64_t j = n8; j < n; ++j) m = std::max(m, x[j]);
+  for (int l = 0; l < kLanes && nv > 0; ++l) m = std::max(m, top[l]);
+  for (std::int64_t j = nv; j < n; ++j) m = std::max(m, x[j]);
   if (!(m > kNegInf)) return {m, 0.0f};
-  L8 sum{};
-  for (std::int64_t j = 0; j < n8; j += 8) sum += exp_units(loadu(x + j) - m);
+  Lv sum{};
+  for (std::int64_t j = 0; j < nv; j += kLanes) sum += exp_units(loadu(x + j) - m);
   std::int64_t fixed = 0;
-  for (int l = 0; l < 8; ++l) fixed += sum[l];
-  for (std::int64_t j = n8; j < n; ++j) fixed += fixed_term(gumbel::exp32(x[j] - m));
+  for (int l = 0; l < kLanes; ++l) fixed += sum[l];
+  for (std::int64_t j = nv; j < n; ++j) fixed += fixed_term(gumbel::exp32(x[j] - m));
   return {m, from_units(fixed)};
 }
 
@@ -559,25 +559,25 @@ inline std::int64_t residual_term(float x, float y, float lse_t, float lse_d, fl
 SPECDIFF_CLONES std::int64_t residual_mass(const float* x, const float* y, std::int64_t n, float lse_t, float lse_d,
                                            float p_prev, int& above) {
   using namespace vmath;
-  const std::int64_t n8 = n & ~std::int64_t{7};
+  const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
   const auto terms = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
-    const F8 m_b = exp32(loadu(x + j) - lse_t), m_s = exp32(loadu(y + j) - lse_d);
-    const F8 term = fma8(F8{} + p_prev, m_b, -m_s);
-    return fixed46(term < 0.0f ? F8{} : term);  // std::max(term, 0)
+    const Fv m_b = exp32(loadu(x + j) - lse_t), m_s = exp32(loadu(y + j) - lse_d);
+    const Fv term = fmav(Fv{} + p_prev, m_b, -m_s);
+    return fixed46(term < 0.0f ? Fv{} : term);  // std::max(term, 0)
   };
-  L8 sum{};
-  F8 top = F8{} + kNegInf, top_d = F8{} + kNegInf;
-  for (std::int64_t j = 0; j < n8; j += 8) {
+  Lv sum{};
+  Fv top = Fv{} + kNegInf, top_d = Fv{} + kNegInf;
+  for (std::int64_t j = 0; j < nv; j += kLanes) {
     top = top < loadu(x + j) ? loadu(x + j) : top;
     top_d = top_d < loadu(y + j) ? loadu(y + j) : top_d;
     sum += terms(j);
   }
   std::int64_t fixed = 0;
-  for (int l = 0; l < 8; ++l) {
+  for (int l = 0; l < kLanes; ++l) {
     fixed += sum[l];
     above |= top[l] > lse_t || top_d[l] > lse_d;
   }
-  for (std::int64_t j = n8; j < n; ++j) {
+  for (std::int64_t j = nv; j < n; ++j) {
     above |= x[j] > lse_t || y[j] > lse_d;
     fixed += residual_term(x[j], y[j], lse_t, lse_d, p_prev);
   }
@@ -991,48 +991,49 @@ inline float resample_score32(const ResampleTile& r, std::int64_t q) {
 }
 
 // The first index of the tile's largest float32 score and that score (all -inf: index 0). The
-// scores go to `scores` eight lanes at a time, and a second pass takes the argmax.
+// scores go to `scores` kLanes lanes at a time, and a second pass takes the argmax.
 SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTile& r, std::int64_t n, float* scores) {
   using namespace vmath;
-  const std::int64_t n8 = n & ~std::int64_t{7};
-  const U8 h = U8{} + gumbel::murmur3_prefix(r.seed, r.pos);
-  const I8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
-  const auto score8 = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
-    F8 v = loadu(r.x + j);
+  const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
+  const Uv h = Uv{} + gumbel::murmur3_prefix(r.seed, r.pos);
+  Iv lane;
+  for (int l = 0; l < kLanes; ++l) lane[l] = l;
+  const auto score_lanes = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
+    Fv v = loadu(r.x + j);
     if (r.y != nullptr) {
-      F8 lp = v - r.lse_t;
+      Fv lp = v - r.lse_t;
       if (r.shifted) lp = lp + r.shift;
-      const F8 ratio = exp32(loadu(r.y + j) - r.lse_d - lp);
-      const F8 log1p = log1p32_negative(ratio < 1.0f ? -ratio : F8{});
-      v = ratio < 1.0f ? lp + log1p : F8{} + kNegInf;
+      const Fv ratio = exp32(loadu(r.y + j) - r.lse_d - lp);
+      const Fv log1p = log1p32_negative(ratio < 1.0f ? -ratio : Fv{});
+      v = ratio < 1.0f ? lp + log1p : Fv{} + kNegInf;
     }
     if (r.noise) {
-      const U8 key = reinterpret_cast<U8>(lane + static_cast<std::int32_t>(r.lo + j));
+      const Uv key = reinterpret_cast<Uv>(lane + static_cast<std::int32_t>(r.lo + j));
       v = v + gumbel32(uniform32(gumbel::murmur3_finish(h, key)));
     }
     return v;
   };
-  for (std::int64_t j = 0; j < n8; j += 8) {
-    const F8 v = score8(j);
+  for (std::int64_t j = 0; j < nv; j += kLanes) {
+    const Fv v = score_lanes(j);
     std::memcpy(scores + j, &v, sizeof v);
   }
-  for (std::int64_t q = n8; q < n; ++q) scores[q] = resample_score32(r, q);
-  F8 best = F8{} + kNegInf;
-  I8 at = lane;  // each lane's first index of its best (all -inf: its first)
-  for (std::int64_t j = 0; j < n8; j += 8) {
-    const F8 v = loadu(scores + j);
+  for (std::int64_t q = nv; q < n; ++q) scores[q] = resample_score32(r, q);
+  Fv best = Fv{} + kNegInf;
+  Iv at = lane;  // each lane's first index of its best (all -inf: its first)
+  for (std::int64_t j = 0; j < nv; j += kLanes) {
+    const Fv v = loadu(scores + j);
     at = best < v ? lane + static_cast<std::int32_t>(j) : at;
     best = best < v ? v : best;
   }
   float top = kNegInf;
   std::int64_t arg = 0;
-  if (n8 > 0) {
-    for (int l = 0; l < 8; ++l) top = std::max(top, best[l]);
-    arg = n8;
-    for (int l = 0; l < 8; ++l)
+  if (nv > 0) {
+    for (int l = 0; l < kLanes; ++l) top = std::max(top, best[l]);
+    arg = nv;
+    for (int l = 0; l < kLanes; ++l)
       if (best[l] == top) arg = std::min<std::int64_t>(arg, at[l]);
   }
-  for (std::int64_t q = n8; q < n; ++q)
+  for (std::int64_t q = nv; q < n; ++q)
     if (q == 0 || scores[q] > top) {
       top = scores[q];
       arg = q;
