@@ -215,8 +215,24 @@ inline std::int64_t fixed_term(float term) { return static_cast<std::int64_t>(st
 // A C29 sum: int64 units of 2^-46, rounded to float32 through float64.
 inline float from_units(std::int64_t units) { return static_cast<float>(static_cast<double>(units) * (1.0 / kSumScale)); }
 
+// The next tile's logits, fetched into L2 while this one computes: a tile is read from memory by
+// load_logits and then computed from scratch, and without this the memory system idles during the
+// computing half. One cache line per vector step; a prefetch past a buffer's end never faults.
+struct Upcoming {
+  const char* at = nullptr;
+  std::int64_t bytes = 0;
+  void fetch(std::int64_t line) const {
+    if (line * 64 < bytes) __builtin_prefetch(at + line * 64, 0, 2);
+  }
+};
+
+template <class T>
+Upcoming upcoming(const T* logits, std::int64_t n) {
+  return {reinterpret_cast<const char*>(logits), n * static_cast<std::int64_t>(sizeof(T))};
+}
+
 // kLanes lanes at a time (vmath.h: the same bits as the scalar spec, lane for lane).
-SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
+SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n, Upcoming next) {
   using namespace vmath;
   const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
   Fv top = Fv{} + kNegInf;
@@ -229,7 +245,10 @@ SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n) {
   for (std::int64_t j = nv; j < n; ++j) m = std::max(m, x[j]);
   if (!(m > kNegInf)) return {m, 0.0f};
   Lv sum{};
-  for (std::int64_t j = 0; j < nv; j += kLanes) sum += exp_units(loadu(x + j) - m);
+  for (std::int64_t j = 0; j < nv; j += kLanes) {
+    next.fetch(j / kLanes);
+    sum += exp_units(loadu(x + j) - m);
+  }
   std::int64_t fixed = 0;
   for (int l = 0; l < kLanes; ++l) fixed += sum[l];
   for (std::int64_t j = nv; j < n; ++j) fixed += fixed_term(gumbel::exp32(x[j] - m));
@@ -361,12 +380,17 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
             tmax[c] = n > 0 ? x[best] : kNegInf;
             continue;
           }
-          const TileStats ts = max_and_sumexp(x.data(), n);
+          // The next read: this cell's draft tile, else the next cell's target tile.
+          const D* draft_tile = has_draft ? draft.as<D>() + draft_starts[draft_index[j]] + lo : nullptr;
+          const std::int64_t c1 = c + 1, j1 = std::min<std::int64_t>(c1 / nb, rows.size() - 1);
+          const Upcoming next_target = upcoming(target.as<T>() + target_starts[j1] + (c1 % nb) * block,
+                                                c1 < cells ? std::min(block, vocab - (c1 % nb) * block) : 0);
+          const TileStats ts = max_and_sumexp(x.data(), n, has_draft ? upcoming(draft_tile, n) : next_target);
           tmax[c] = ts.max;
           tsum[c] = ts.sumexp;
           if (has_draft) {
-            bad |= load_logits(draft.as<D>() + draft_starts[draft_index[j]] + lo, n, t[j], x.data());
-            const TileStats ds = max_and_sumexp(x.data(), n);
+            bad |= load_logits(draft_tile, n, t[j], x.data());
+            const TileStats ds = max_and_sumexp(x.data(), n, next_target);
             dmax[c] = ds.max;
             dsum[c] = ds.sumexp;
           }
@@ -557,7 +581,7 @@ inline std::int64_t residual_term(float x, float y, float lse_t, float lse_d, fl
 }
 
 SPECDIFF_CLONES std::int64_t residual_mass(const float* x, const float* y, std::int64_t n, float lse_t, float lse_d,
-                                           float p_prev, int& above) {
+                                           float p_prev, int& above, Upcoming next_x, Upcoming next_y) {
   using namespace vmath;
   const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
   const auto terms = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
@@ -570,6 +594,8 @@ SPECDIFF_CLONES std::int64_t residual_mass(const float* x, const float* y, std::
   for (std::int64_t j = 0; j < nv; j += kLanes) {
     top = top < loadu(x + j) ? loadu(x + j) : top;
     top_d = top_d < loadu(y + j) ? loadu(y + j) : top_d;
+    next_x.fetch(j / kLanes);
+    next_y.fetch(j / kLanes);
     sum += terms(j);
   }
   std::int64_t fixed = 0;
@@ -671,7 +697,11 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
           bad |= load_logits(draft.as<D>() + draft_at[j] + lo, n, t[j], y.data());
           // p_prev: the joint ratio before this step. Each term is one rounding (C29), in [0, 1].
           const float p_prev = gumbel::exp32(prefix[i - 1]);
-          const std::int64_t fixed = residual_mass(x.data(), y.data(), n, lse_t[j], lse_d[j], p_prev, above);
+          const std::int64_t c1 = c + 1, j1 = std::min<std::int64_t>(c1 / nb, rows.size() - 1), lo1 = (c1 % nb) * block;
+          const std::int64_t n1 = c1 < cells ? std::min(block, vocab - lo1) : 0;
+          const std::int64_t fixed =
+              residual_mass(x.data(), y.data(), n, lse_t[j], lse_d[j], p_prev, above,
+                            upcoming(target.as<T>() + target_at[j1] + lo1, n1), upcoming(draft.as<D>() + draft_at[j1] + lo1, n1));
           masses[c] = from_units(fixed);
         }
       }
@@ -972,6 +1002,7 @@ struct ResampleTile {
   float lse_t, lse_d, shift;
   bool shifted, noise;
   std::int64_t seed, pos, lo;
+  Upcoming next_x{}, next_y{};  // the next cell's logits (the float32 path fetches them)
 };
 
 // The tile's score at q with float32 noise, as the scalar port computes it.
@@ -1014,6 +1045,8 @@ SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTil
     return v;
   };
   for (std::int64_t j = 0; j < nv; j += kLanes) {
+    r.next_x.fetch(j / kLanes);
+    r.next_y.fetch(j / kLanes);
     const Fv v = score_lanes(j);
     std::memcpy(scores + j, &v, sizeof v);
   }
@@ -1170,11 +1203,17 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
           else if (takes_draft[r] && tokens[row + 1] >= lo && tokens[row + 1] < lo + n)
             x[tokens[row + 1] - lo] = kNegInf;  // a one-hot draft: the target without it
           const bool shifted = use_block && residual_row && steps[r] > 0;
-          const ResampleTile tile{x.data(), residual_row ? y.data() : nullptr,
+          ResampleTile tile{x.data(), residual_row ? y.data() : nullptr,
                                   residual_row ? target_lse.as<float>()[r] : 0.0f,
                                   residual_row ? draft_lse.as<float>()[r] : 0.0f,
                                   shifted ? cumulative.as<float>()[row - 1] : 0.0f, shifted, t[r] != 0.0f,
                                   seed_buf.as<std::int64_t>()[slots[r]], pos[row], lo};
+          if (c + 1 < cells) {
+            const std::size_t w1 = static_cast<std::size_t>((c + 1) / nb);
+            const std::int64_t r1 = writers[w1], lo1 = ((c + 1) % nb) * block, n1 = std::min(block, vocab - lo1);
+            tile.next_x = upcoming(target.as<T>() + target_at[w1] + lo1, n1);
+            if (takes_draft[r1] && has_draft) tile.next_y = upcoming(draft.as<D>() + draft_at[residual_index[r1]] + lo1, n1);
+          }
           if constexpr (std::is_same_v<M, float>) {
             std::tie(maxima[c], args[c]) = resample_tile32(tile, n, scores.data());
           } else {
