@@ -240,10 +240,11 @@ def mutants(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def nightly(session: nox.Session) -> None:
     """What does not fit CI's 45 minutes: the whole catalogue of planted faults (each C++ fault rebuilds
-    the extension in a scratch tree, about 35 s), then conformance under the nightly profile (2,000
-    examples per kernel)."""
+    the extension in a scratch tree, about 35 s), the C++ port's AVX2 and baseline clones against the
+    oracle (two more builds), then conformance under the nightly profile (2,000 examples per kernel)."""
     install(session, "test")
     session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *session.posargs)
+    session.run("python", "-m", "conformance", "clones")
     session.run("python", "-m", "conformance", "run", "--profile", "nightly", "--junit", "reports/conformance-nightly.xml")
 
 

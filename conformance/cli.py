@@ -34,7 +34,7 @@ from conformance.runner import Diff, Disagreement, load_case, replay_command, ru
 
 BUILT_IN = ("reference", "triton", "cpu")
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
-TOOLS = ("signatures", "threads", "fuzz", "mutants", "sanitize", "gate", "compile")
+TOOLS = ("signatures", "threads", "fuzz", "mutants", "sanitize", "clones", "gate", "compile")
 
 
 def _backend_mode(name: str) -> str:

@@ -37,7 +37,13 @@ inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted;
 
 // Vectorized streaming loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
 // load time, so the default build is fast on every machine.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// A build with -DSPECDIFF_CLONE=3 (AVX2) or =1 (baseline) compiles only that one, so that a machine
+// which would pick another can still check it against the oracle (conformance/clones.py).
+#if defined(SPECDIFF_CLONE) && SPECDIFF_CLONE == 3
+#define SPECDIFF_CLONES __attribute__((target("arch=x86-64-v3")))
+#elif defined(SPECDIFF_CLONE) && SPECDIFF_CLONE == 1
+#define SPECDIFF_CLONES
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SPECDIFF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SPECDIFF_CLONES
