@@ -1,6 +1,7 @@
 // Probes of csrc/gumbel.h for tests: each primitive over arrays, compared bit for bit with the
 // oracle and Triton (tests/test_gumbel.py). Not kernels: no contract, checked lengths only.
 #include "gumbel.h"
+#include "vmath.h"
 
 #include "common.h"
 
@@ -53,7 +54,19 @@ void murmur3(Buffer hash, Buffer u32, Buffer u64, Buffer noise32, Buffer noise64
   }
 }
 
-void numerics(Buffer exp_out, Buffer log_out, Buffer log1p_out, Buffer x) {
+// vmath's exp32 (the kernels' lanes, in the clone this machine picks), the tail by the scalar spec.
+SPECDIFF_CLONES void exp32_lanes(const float* x, float* out, std::int64_t n) {
+  using namespace vmath;
+  const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
+  for (std::int64_t j = 0; j < nv; j += kLanes) {
+    const Fv v = exp32(loadu(x + j));
+    std::memcpy(out + j, &v, sizeof v);
+  }
+  for (std::int64_t j = nv; j < n; ++j) out[j] = gumbel::exp32(x[j]);
+}
+
+// The scalar C29 functions; with `lanes`, exp through the vector form the kernels use.
+void numerics(Buffer exp_out, Buffer log_out, Buffer log1p_out, Buffer x, bool lanes) {
   const std::int64_t n = x.numel;
   need_dtype("x", x, kFloat32, n);
   need_dtype("exp", exp_out, kFloat32, n);
@@ -65,6 +78,7 @@ void numerics(Buffer exp_out, Buffer log_out, Buffer log1p_out, Buffer x) {
     log_out.as<float>()[i] = gumbel::log32(std::fabs(v));
     log1p_out.as<float>()[i] = gumbel::log1p32(std::max(v, -1.0f));
   }
+  if (lanes) exp32_lanes(x.as<float>(), exp_out.as<float>(), n);
 }
 
 }  // namespace

@@ -59,17 +59,17 @@ typedef std::uint32_t Uv __attribute__((vector_size(4 * kLanes)));
   return fmav(p, r, Fv{} + 1.0f);
 }
 
-// gumbel::exp32, lane by lane (compares only as conditions of selects).
+// gumbel::exp32, lane by lane (compares only as conditions of selects). The scalar form adds k to
+// the exponent field where the result is normal and multiplies by two powers of two elsewhere; the
+// two multiplies alone give the same bits everywhere (p 2^(k >> 1) is exact, and the second
+// multiply is exact where the result is normal and rounds once where it is not), in fewer steps.
 [[gnu::always_inline]] inline Fv exp32(Fv x) {
   const Fv xc = x != x ? Fv{} : (x < -104.0f ? Fv{} - 104.0f : (x > 89.0f ? Fv{} + 89.0f : x));
   Iv k;
   const Fv p = exp_reduced(xc, k);
-  // k in [-125, 127] as one unsigned compare: GCC scalarized the two compares' `&` at sixteen lanes.
-  const Iv normal = reinterpret_cast<Uv>(k + 125) <= 252u;
-  const Fv shifted = fbits(ibits(p) + ((normal ? k : Iv{}) << 23));
   const Iv k1 = k >> 1;
-  const Fv wide = (p * fbits((k1 + 127) << 23)) * fbits((k - k1 + 127) << 23);
-  return x != x ? x : (normal ? shifted : wide);
+  const Fv scaled = (p * fbits((k1 + 127) << 23)) * fbits((k - k1 + 127) << 23);
+  return x != x ? x : scaled;
 }
 
 // fixed46(exp32(x)) for x <= 0 or -inf, the unit of every exp-sum: below -33 the term is under

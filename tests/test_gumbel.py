@@ -233,10 +233,12 @@ def test_numerics_three_ways():
     x = _numerics_inputs()
     want = (ref.exp32(x), ref.log32(x.abs()), ref.log1p32(torch.clamp_min(x, -1.0)))
     c = tuple(torch.empty_like(x) for _ in range(3))
-    _C.gumbel.numerics(*map(buf, c), buf(x))
+    _C.gumbel.numerics(*map(buf, c), buf(x), False)
+    lanes = tuple(torch.empty_like(x) for _ in range(3))  # exp as the kernels' vector lanes compute it
+    _C.gumbel.numerics(*map(buf, lanes), buf(x), True)
     t = tuple(torch.empty_like(x, device=device()) for _ in range(3))
     tri._numerics_probe_kernel[(-(-x.numel() // BLOCK),)](*t, x.to(device()), x.numel(), BLOCK=BLOCK)
-    for b, got in (("cpu", c), ("triton", tuple(v.cpu() for v in t))):
+    for b, got in (("cpu", c), ("cpu lanes", lanes), ("triton", tuple(v.cpu() for v in t))):
         for name, w, g_ in zip(("exp32", "log32", "log1p32"), want, got):
             # A NaN comes back as a NaN: compilers do not keep payloads (compiled Triton did not).
             assert_bits_equal(f"{name} {b}", _one_nan(w), _one_nan(g_))
