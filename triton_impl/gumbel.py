@@ -96,12 +96,13 @@ def exp32(x):
     # that is added is an explicit fma, so the compiler's contraction cannot change a bit.
     x = x.to(tl.float32)
     xc = tl.where(x != x, 0.0, tl.where(x < -104.0, -104.0, tl.where(x > 89.0, 89.0, x)))
+    # 2^k as two multiplies by powers of two: p 2^(k >> 1) is exact, and the second multiply is exact
+    # where the result is normal (the specification's exponent-field add gives the same bits there)
+    # and rounds once where it is not.
     p, k = _exp_reduced(xc)
-    normal = (k >= -125) & (k <= 127)
-    shifted = (p.to(tl.int32, bitcast=True) + tl.where(normal, k, 0) * 8388608).to(tl.float32, bitcast=True)
     k1 = k >> 1
-    wide = (p * ((k1 + 127) << 23).to(tl.float32, bitcast=True)) * ((k - k1 + 127) << 23).to(tl.float32, bitcast=True)
-    return tl.where(x != x, x, tl.where(normal, shifted, wide))
+    scaled = (p * ((k1 + 127) << 23).to(tl.float32, bitcast=True)) * ((k - k1 + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, scaled)
 
 
 @triton.jit
