@@ -231,6 +231,17 @@ Upcoming upcoming(const T* logits, std::int64_t n) {
   return {reinterpret_cast<const char*>(logits), n * static_cast<std::int64_t>(sizeof(T))};
 }
 
+// The tile after cell c of a kernel whose cells run row by row over `nb` tiles of `block` columns:
+// its row's index, first column and width (0 after the last cell: nothing to fetch).
+struct NextTile {
+  std::size_t row;
+  std::int64_t lo, n;
+};
+inline NextTile next_tile(std::int64_t c, std::int64_t cells, std::int64_t nb, std::int64_t block, std::int64_t vocab) {
+  const std::int64_t c1 = std::min(c + 1, cells - 1), lo = (c1 % nb) * block;
+  return {static_cast<std::size_t>(c1 / nb), lo, c + 1 < cells ? std::min(block, vocab - lo) : 0};
+}
+
 // kLanes lanes at a time (vmath.h: the same bits as the scalar spec, lane for lane).
 SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n, Upcoming next) {
   using namespace vmath;
@@ -382,9 +393,8 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
           }
           // The next read: this cell's draft tile, else the next cell's target tile.
           const D* draft_tile = has_draft ? draft.as<D>() + draft_starts[draft_index[j]] + lo : nullptr;
-          const std::int64_t c1 = c + 1, j1 = std::min<std::int64_t>(c1 / nb, rows.size() - 1);
-          const Upcoming next_target = upcoming(target.as<T>() + target_starts[j1] + (c1 % nb) * block,
-                                                c1 < cells ? std::min(block, vocab - (c1 % nb) * block) : 0);
+          const NextTile next = next_tile(c, cells, nb, block, vocab);
+          const Upcoming next_target = upcoming(target.as<T>() + target_starts[next.row] + next.lo, next.n);
           const TileStats ts = max_and_sumexp(x.data(), n, has_draft ? upcoming(draft_tile, n) : next_target);
           tmax[c] = ts.max;
           tsum[c] = ts.sumexp;
@@ -697,11 +707,10 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
           bad |= load_logits(draft.as<D>() + draft_at[j] + lo, n, t[j], y.data());
           // p_prev: the joint ratio before this step. Each term is one rounding (C29), in [0, 1].
           const float p_prev = gumbel::exp32(prefix[i - 1]);
-          const std::int64_t c1 = c + 1, j1 = std::min<std::int64_t>(c1 / nb, rows.size() - 1), lo1 = (c1 % nb) * block;
-          const std::int64_t n1 = c1 < cells ? std::min(block, vocab - lo1) : 0;
-          const std::int64_t fixed =
-              residual_mass(x.data(), y.data(), n, lse_t[j], lse_d[j], p_prev, above,
-                            upcoming(target.as<T>() + target_at[j1] + lo1, n1), upcoming(draft.as<D>() + draft_at[j1] + lo1, n1));
+          const NextTile next = next_tile(c, cells, nb, block, vocab);
+          const std::int64_t fixed = residual_mass(x.data(), y.data(), n, lse_t[j], lse_d[j], p_prev, above,
+                                                   upcoming(target.as<T>() + target_at[next.row] + next.lo, next.n),
+                                                   upcoming(draft.as<D>() + draft_at[next.row] + next.lo, next.n));
           masses[c] = from_units(fixed);
         }
       }
@@ -1208,12 +1217,11 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
                                   residual_row ? draft_lse.as<float>()[r] : 0.0f,
                                   shifted ? cumulative.as<float>()[row - 1] : 0.0f, shifted, t[r] != 0.0f,
                                   seed_buf.as<std::int64_t>()[slots[r]], pos[row], lo};
-          if (c + 1 < cells) {
-            const std::size_t w1 = static_cast<std::size_t>((c + 1) / nb);
-            const std::int64_t r1 = writers[w1], lo1 = ((c + 1) % nb) * block, n1 = std::min(block, vocab - lo1);
-            tile.next_x = upcoming(target.as<T>() + target_at[w1] + lo1, n1);
-            if (takes_draft[r1] && has_draft) tile.next_y = upcoming(draft.as<D>() + draft_at[residual_index[r1]] + lo1, n1);
-          }
+          const NextTile next = next_tile(c, cells, nb, block, vocab);
+          const std::int64_t r1 = writers[next.row];
+          tile.next_x = upcoming(target.as<T>() + target_at[next.row] + next.lo, next.n);
+          if (takes_draft[r1] && has_draft)
+            tile.next_y = upcoming(draft.as<D>() + draft_at[residual_index[r1]] + next.lo, next.n);
           if constexpr (std::is_same_v<M, float>) {
             std::tie(maxima[c], args[c]) = resample_tile32(tile, n, scores.data());
           } else {
