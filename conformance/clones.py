@@ -42,8 +42,7 @@ def _cmd(ns: argparse.Namespace) -> int:
         s = Scratch(ROOT)
         try:
             t = time.perf_counter()
-            s.env["SPECDIFF_CXXFLAGS"] = " ".join(x for x in (os.environ.get("SPECDIFF_CXXFLAGS", ""), CLONES[clone]) if x)
-            built = s.build()
+            built = s.build(CLONES[clone])
             if built.returncode != 0:
                 print((built.stdout + built.stderr)[-4000:])
                 print(f"FAILED: the {clone} clone does not build")

@@ -148,7 +148,11 @@ class Scratch:
         self.env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SPECDIFF_FAILURES": str(self.dir / "reports" / "failures")}
         self.env.pop("PYTHONPATH", None)
 
-    def build(self) -> subprocess.CompletedProcess[str]:
+    def build(self, flags: str = "") -> subprocess.CompletedProcess[str]:
+        """Builds the copy's extension; `flags` go after the caller's own SPECDIFF_CXXFLAGS, and stay
+        for the later builds of this copy."""
+        if flags:
+            self.env["SPECDIFF_CXXFLAGS"] = " ".join(x for x in (os.environ.get("SPECDIFF_CXXFLAGS", ""), flags) if x)
         return subprocess.run([sys.executable, "-c", BUILD], cwd=self.dir, env=self.env, capture_output=True, text=True)
 
     def objects(self) -> list[Path]:

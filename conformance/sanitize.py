@@ -177,8 +177,7 @@ def _cmd(ns: argparse.Namespace) -> int:
     print(f"specdiff sanitize: {flags}; scratch tree {s.dir}", flush=True)
     try:
         t = time.perf_counter()
-        s.env["SPECDIFF_CXXFLAGS"] = " ".join(x for x in (os.environ.get("SPECDIFF_CXXFLAGS", ""), flags) if x)
-        built = s.build()
+        built = s.build(flags)
         if built.returncode != 0:
             print((built.stdout + built.stderr)[-4000:])
             print("FAILED: the sanitizer build does not build")
