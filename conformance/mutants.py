@@ -51,17 +51,7 @@ FUZZ_LAUNCHES = 900  # malformed cases per mutant kernel (about 43 of each of th
 CHECK_TIMEOUT = 900  # seconds; a mutant that hangs a check is killed by the timeout
 
 # Build the extension in place, recompiling only translation units newer than their objects.
-BUILD = """
-import runpy, sys
-import pybind11.setup_helpers as h
-_init = h.ParallelCompile.__init__
-def init(self, *a, **kw):
-    kw.setdefault("needs_recompile", h.naive_recompile)
-    _init(self, *a, **kw)
-h.ParallelCompile.__init__ = init
-sys.argv = ["setup.py", "-q", "build_ext", "--inplace"]
-runpy.run_path("setup.py", run_name="__main__")
-"""
+BUILD = ["setup.py", "-q", "build_ext", "--inplace"]  # incremental: only the units a fault touches rebuild
 
 
 @dataclass
@@ -153,7 +143,7 @@ class Scratch:
         for the later builds of this copy."""
         if flags:
             self.env["SPECDIFF_CXXFLAGS"] = " ".join(x for x in (os.environ.get("SPECDIFF_CXXFLAGS", ""), flags) if x)
-        return subprocess.run([sys.executable, "-c", BUILD], cwd=self.dir, env=self.env, capture_output=True, text=True)
+        return subprocess.run([sys.executable, *BUILD], cwd=self.dir, env=self.env, capture_output=True, text=True)
 
     def objects(self) -> list[Path]:
         return sorted(p for p in (self.dir / "build").rglob("*.o")) + sorted((self.dir / "cpu_impl").glob("_C*.so"))
@@ -189,12 +179,11 @@ class Applied:
         self.original, self.stat = original, self.path.stat()
         self.path.write_text(mutate(original, self.m))
         if self.native:
-            # Newer than every object and the extension, so only this unit rebuilds (a header: all).
+            # Newer than every object and the extension: the units that include it rebuild (setup.py
+            # reads each object's dependency file).
             later = time.time() + 2
-            targets = [self.path] if self.path.suffix != ".h" else [self.path, *sorted((self.s.dir / "csrc").glob("*.cpp"))]
-            for t in targets:
-                self.touched.append((t, t.stat()))
-                os.utime(t, (later, later))
+            self.touched.append((self.path, self.path.stat()))
+            os.utime(self.path, (later, later))
         return self
 
     def __exit__(self, *exc: Any) -> None:
