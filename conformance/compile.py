@@ -24,7 +24,7 @@ from typing import Any
 
 from conformance import kernels
 from conformance.arguments import kernel_name, output_file
-from conformance.profiles import PROFILES
+from conformance.profiles import PROFILES, chosen
 
 # Distinct specializations compiled per kernel and profile (each takes one to a few seconds).
 CASES = {"dev": 20, "ci": 60, "nightly": 400}
@@ -45,17 +45,31 @@ def target_of(text: str) -> Any:
     return GPUTarget("hip", arch, 64)
 
 
-def _jit(name: str) -> Any:
+def _jit(name: str) -> tuple[Any, list[tuple[str, Any]]]:
+    """The triton backend's JITFunction of ``name`` and, outermost first, the constexprs its
+    ``triton.heuristics`` wrappers fill from a launch's arguments (KernelSpec.tuning)."""
+    from triton.runtime.autotuner import Heuristics
     from triton.runtime.jit import JITFunction
 
     from conformance.backends import BACKENDS
 
-    spec = kernels.get(name)
-    fn = BACKENDS["triton"].resolve(spec)
+    fn = BACKENDS["triton"].resolve(kernels.get(name))
+    filled: list[tuple[str, Any]] = []
+    while isinstance(fn, Heuristics):
+        filled += list(fn.values.items())
+        fn = fn.fn
     if not isinstance(fn, JITFunction):
         raise RuntimeError(f"{name}: the triton backend's kernel is a {type(fn).__name__}, not a JITFunction "
                            "(TRITON_INTERPRET must be 0 before triton_impl is imported)")
-    return fn
+    return fn, filled
+
+
+def with_heuristics(args: dict[str, Any], filled: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A launch's arguments as the heuristics complete them before the JIT binds them."""
+    out = dict(args)
+    for k, heuristic in filled:
+        out[k] = heuristic(out)
+    return out
 
 
 def specialization(fn: Any, backend: Any, args: dict[str, Any]) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any], Any]:
@@ -77,7 +91,7 @@ def compile_kernel(name: str, target: Any, cases: int) -> dict[str, Any]:
 
     from conformance.strategies import cases as strategy
 
-    fn = _jit(name)
+    fn, filled = _jit(name)
     backend = make_backend(target)
     seen: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
@@ -86,7 +100,7 @@ def compile_kernel(name: str, target: Any, cases: int) -> dict[str, Any]:
     @settings(max_examples=cases, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=strategy(name))
     def draw(case: Any) -> None:
-        signature, constexprs, attrs, options = specialization(fn, backend, case.args)
+        signature, constexprs, attrs, options = specialization(fn, backend, with_heuristics(case.args, filled))
         key = json.dumps([signature, {str(k): repr(v) for k, v in constexprs.items()}, {str(k): repr(v) for k, v in attrs.items()}],
                          sort_keys=True)
         if key in seen:
@@ -106,7 +120,7 @@ def compile_kernel(name: str, target: Any, cases: int) -> dict[str, Any]:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("compile", help="compile every Triton kernel for a GPU target (no GPU needed), every drawn specialization")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
+    p.add_argument("--profile", default=chosen(), choices=PROFILES)
     p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"cuda:<sm> or hip:<arch> (default {DEFAULT_TARGET})")
     p.add_argument("--cases", type=int, help="cases drawn per kernel (default: dev 20, ci 60, nightly 400)")

@@ -162,6 +162,11 @@ class KernelSpec:
     # another contract); empty when it is. The engine backends then report it "n/a"; its signature
     # is still checked against the contract's.
     engine_apart: str = ""
+    # Constexprs a Triton backend may append after the engine's parameters, each filled by the
+    # kernel's ``triton.heuristics`` from the launch's arguments: compile-time choices of speed
+    # (how a loop steps, how many steps are in flight) that no launch passes and no result depends
+    # on. The signature gate accepts exactly these, and only where the kernel fills them.
+    tuning: tuple[str, ...] = ()
     doc: str = ""
     _by_name: dict[str, Param] = field(init=False, repr=False)
     _names: tuple[str, ...] = field(init=False, repr=False)

@@ -42,6 +42,31 @@ def test_a_call_site_that_gains_a_keyword_fails_the_gate():
         assert names and names[0].ok is False and "missing ['SYNTHETIC_MODE']" in names[0].message, (backend, names)
 
 
+def test_tuning_constexprs_pass_only_where_the_contract_lists_them_and_heuristics_fill_them(monkeypatch):
+    """K4's Triton kernel appends SCAN_BLOCK and SCAN_STAGES (KernelSpec.tuning) and fills them
+    from the launch's arguments. Without that listing, or with a parameter no heuristic fills, an
+    extra parameter is an engine call-site mismatch like any other."""
+    import triton
+    import triton.language as tl
+
+    spec = kernels.get("sample_recovered_tokens_kernel")
+    assert spec.tuning and [r for r in signatures.check_backend(spec, "triton") if r.check == "names"][0].ok
+    unlisted = dataclasses.replace(spec, tuning=())
+    names = [r for r in signatures.check_backend(unlisted, "triton") if r.check == "names"]
+    assert names[0].ok is False and "SCAN_BLOCK" in names[0].message, names
+
+    expand = kernels.get("expand_kernel")
+    names_ = ", ".join(expand.arg_names)
+    source = f"def k({names_}, EXTRA: tl.constexpr):\n    pass\n"
+    scope: dict = {"tl": tl}
+    exec(compile(source, "<planted>", "exec"), scope)  # noqa: S102 - a kernel with one unfilled extra
+    unfilled = triton.jit(scope["k"])
+    monkeypatch.setitem(BACKENDS, "triton-extra", Backend("triton-extra", lambda s: unfilled if s.name == expand.name else None, lambda: "cpu", lambda: "interpreted"))
+    listed = dataclasses.replace(expand, tuning=("EXTRA",))
+    names = [r for r in signatures.check_backend(listed, "triton-extra") if r.check == "names"]
+    assert names[0].ok is False and "without being KernelSpec.tuning filled by triton.heuristics" in names[0].message, names
+
+
 def test_a_launcher_that_drops_an_argument_fails_cpp_entry(monkeypatch):
     from cpu_impl import _C
     from cpu_impl.launcher import CpuKernel

@@ -152,6 +152,27 @@ def expand_kernel(
     tl.store(output_ptr + start_idx + offset, src_val, mask=offset < num_tokens)
 
 
+# How sample_recovered_tokens_kernel scans a row, chosen at compile time from the launch's arguments
+# (KernelSpec.tuning: constexprs after the engine's parameters that no launch passes). No result
+# depends on it (C15: ties go to the earliest column whatever the step). Read off an H100 (132 SMs;
+# benchmarks/gpu_k4_scan.py, docs/gpu/k4-scan-h100-s15.json): with a few rows, each SM holds one
+# program or none, and only loads kept in flight across loop steps (software pipelining, deep and
+# with more warps) fill its memory pipe; with a few rows per SM the programs themselves fill it and
+# the stages' shared memory costs occupancy instead; at thousands of rows every form is DRAM-bound
+# within 3 %. Rows: (most draft rows, SCAN_BLOCK, SCAN_STAGES, num_warps), the first that fits.
+SCAN_TABLE = ((32, 4096, 3, 8), (256, 2048, 3, 4), (512, 2048, 2, 4), (1024, 2048, 1, 4), (None, 4096, 3, 8))
+
+
+def _scan(args: dict) -> tuple:
+    rows = args["output_token_ids_ptr"].numel()
+    return next(e for e in SCAN_TABLE if e[0] is None or rows <= e[0])
+
+
+@triton.heuristics({
+    "SCAN_BLOCK": lambda a: min(a["BLOCK_SIZE"], _scan(a)[1]),
+    "SCAN_STAGES": lambda a: _scan(a)[2],
+    "num_warps": lambda a: _scan(a)[3],  # a launch option, not a parameter
+})
 @triton.jit
 def sample_recovered_tokens_kernel(
     output_token_ids_ptr,  # [T] int32/int64
@@ -164,6 +185,8 @@ def sample_recovered_tokens_kernel(
     BLOCK_SIZE: tl.constexpr,  # vocabulary tile; results never depend on it
     NO_DRAFT_PROBS: tl.constexpr,  # residual = p with the draft's lane zeroed
     USE_FP64_GUMBEL: tl.constexpr,  # widen the residual and multiply in float64
+    SCAN_BLOCK: tl.constexpr,  # columns per loop step (SCAN_TABLE)
+    SCAN_STAGES: tl.constexpr,  # loop steps in flight (SCAN_TABLE)
 ):
     req_idx = tl.program_id(0)
     pos = tl.program_id(1)
@@ -173,7 +196,7 @@ def sample_recovered_tokens_kernel(
     token_idx = start_idx + pos
     _, best_idx = _best_residual(
         draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, req_idx, token_idx, vocab_size,
-        0, vocab_size, BLOCK_SIZE, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
+        0, vocab_size, SCAN_BLOCK, SCAN_STAGES, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
     )
     tl.store(output_token_ids_ptr + token_idx, best_idx)
 
@@ -182,7 +205,7 @@ def sample_recovered_tokens_kernel(
 def _best_residual(
     draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, req_idx, token_idx, vocab_size,
     lo, hi,  # the vocabulary range [lo, hi) to scan
-    BLOCK_SIZE: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr, USE_FP64_GUMBEL: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, STAGES: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr, USE_FP64_GUMBEL: tl.constexpr,
 ):
     """Largest residual score of one draft row in [lo, hi), and the lowest index reaching it
     (0 when no score beats -inf)."""
@@ -195,7 +218,7 @@ def _best_residual(
     else:
         best = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.zeros((), dtype=tl.int32)
-    for off in range(lo, hi, BLOCK_SIZE):
+    for off in tl.range(lo, hi, BLOCK_SIZE, num_stages=STAGES):
         cols = off + tl.arange(0, BLOCK_SIZE)
         in_range = cols < hi
         if NO_DRAFT_PROBS:
@@ -267,7 +290,7 @@ def _recovered_split_kernel(
     start = split * split_size
     best, best_idx = _best_residual(
         draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr, inv_q_ptr, lo, token_idx, vocab_size,
-        start, tl.minimum(start + split_size, vocab_size), BLOCK_SIZE, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
+        start, tl.minimum(start + split_size, vocab_size), BLOCK_SIZE, None, NO_DRAFT_PROBS, USE_FP64_GUMBEL,
     )
     row = token_idx * num_splits
     tl.store(partial_max_ptr + row + split, best)

@@ -431,6 +431,7 @@ SAMPLE_RECOVERED = KernelSpec(
         constexpr("NO_DRAFT_PROBS"),
         constexpr("USE_FP64_GUMBEL"),
     ),
+    tuning=("SCAN_BLOCK", "SCAN_STAGES"),  # triton_impl/rejection.py: the scan's step and pipelining
     # The dispatcher's max_spec_len is not a kernel parameter; max n(r) covers all work (§1.11).
     grid=lambda a: (a["cu_num_draft_tokens_ptr"].numel(), int(counts(a["cu_num_draft_tokens_ptr"]).max()) if a["cu_num_draft_tokens_ptr"].numel() else 0),
     preconditions=_recovered_preconditions,
