@@ -30,7 +30,6 @@ nox.options.reuse_venv = "yes"
 
 PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints.txt")
-PROFILE = os.environ.get("SPECDIFF_PROFILE", "dev")
 
 
 def install(session: nox.Session, extras: str = "") -> None:
@@ -42,9 +41,9 @@ def install(session: nox.Session, extras: str = "") -> None:
 
 @nox.session(python=PYTHON)
 def conformance(session: nox.Session) -> None:
-    """Three-way conformance of every kernel (profile from SPECDIFF_PROFILE, default dev)."""
+    """Three-way conformance of every kernel (profile from SPECDIFF_PROFILE, default ci: a gate)."""
     install(session, "test")
-    session.run("python", "-m", "conformance", "run", "--profile", PROFILE, "--junit", "reports/conformance.xml", *session.posargs)
+    session.run("python", "-m", "conformance", "run", "--junit", "reports/conformance.xml", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -61,7 +60,7 @@ def engine(session: nox.Session) -> None:
     args = list(session.posargs)
     if not any(a == "--vllm" or a.startswith("--vllm=") for a in args):
         args = ["--vllm", "0.33.0", *args]
-    session.run("python", "-m", "conformance", "run", "--profile", PROFILE, "--call-site", "--report", "reports/engine.json",
+    session.run("python", "-m", "conformance", "run", "--call-site", "--report", "reports/engine.json",
                 "--junit", "reports/engine.xml", *args)
 
 
@@ -85,7 +84,7 @@ def package(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's own tests: goldens, launch forms, runner power, compositions, statistics."""
     install(session, "test")
-    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", "--durations=15", *session.posargs, env={"SPECDIFF_PROFILE": PROFILE})
+    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", "--durations=15", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -122,7 +121,7 @@ def gpu_sanitize(session: nox.Session) -> None:
     for tool in ("memcheck", "initcheck"):
         session.run(
             "compute-sanitizer", "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
-            "python", "-m", "conformance", "run", "--profile", PROFILE, "--backend", "triton", "--backend", "triton-split",
+            "python", "-m", "conformance", "run", "--backend", "triton", "--backend", "triton-split",
             "--report", f"reports/sanitize-{tool}.json", *session.posargs,
         )
 
@@ -208,21 +207,21 @@ def signatures(session: nox.Session) -> None:
 def threads(session: nox.Session) -> None:
     """Thread-count invariance of the C++ port, every OpenMP region forced parallel."""
     install(session, "test")
-    session.run("python", "-m", "conformance", "threads", "--profile", PROFILE, "--junit", "reports/threads.xml", *session.posargs)
+    session.run("python", "-m", "conformance", "threads", "--junit", "reports/threads.xml", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def compile(session: nox.Session) -> None:
     """Every Triton kernel compiled for a GPU target (Hopper by default), no GPU needed: the type errors the interpreter never sees."""
     install(session, "test")
-    session.run("python", "-m", "conformance", "compile", "--profile", PROFILE, *session.posargs, env={"TRITON_INTERPRET": "0"})
+    session.run("python", "-m", "conformance", "compile", *session.posargs, env={"TRITON_INTERPRET": "0"})
 
 
 @nox.session(python=PYTHON)
 def fuzz(session: nox.Session) -> None:
     """Malformed launches through every validating backend (5,000 under SPECDIFF_PROFILE=ci)."""
     install(session, "test")
-    session.run("python", "-m", "conformance", "fuzz", "--profile", PROFILE, "--junit", "reports/fuzz.xml", *session.posargs)
+    session.run("python", "-m", "conformance", "fuzz", "--junit", "reports/fuzz.xml", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -252,7 +251,7 @@ def nightly(session: nox.Session) -> None:
 def sanitize(session: nox.Session) -> None:
     """The C++ port built with AddressSanitizer and UBSan in a scratch copy; conformance, fuzz and threads under it."""
     install_deps(session)
-    session.run("python", "-m", "conformance", "sanitize", "--profile", os.environ.get("SPECDIFF_PROFILE", "ci"), *session.posargs)
+    session.run("python", "-m", "conformance", "sanitize", *session.posargs)
 
 
 @nox.session(python=PYTHON)

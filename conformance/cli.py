@@ -29,7 +29,7 @@ from conformance.arguments import backend_name, input_file, kernel_name, output_
 from conformance.backends import BACKENDS, ORACLE
 from conformance.engine.source import SourceError
 from conformance.findings import Findings
-from conformance.profiles import PROFILES
+from conformance.profiles import PROFILES, chosen
 from conformance.runner import Diff, Disagreement, load_case, replay_command, run_case, save_failure
 
 BUILT_IN = ("reference", "triton", "cpu")
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every kernel's Hypothesis cases through every backend")
-    run.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
+    run.add_argument("--profile", default=chosen(), choices=PROFILES)
     run.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     run.add_argument("--backend", action="append", type=backend_name, help="only this backend (repeatable; the oracle always runs)")
     run.add_argument("--seed", type=int, help="Hypothesis seed (printed when a profile is not derandomized)")

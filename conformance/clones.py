@@ -12,7 +12,6 @@ about 40 s and one conformance pass each).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -20,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from conformance.arguments import kernel_name
-from conformance.profiles import PROFILES
+from conformance.profiles import PROFILES, chosen
 
 CLONES = {"v3": "-DSPECDIFF_CLONE=3", "baseline": "-DSPECDIFF_CLONE=1"}
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("clones", help="build the C++ port's AVX2 and baseline clones alone and check each against the oracle")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "ci"), choices=PROFILES)
+    p.add_argument("--profile", default=chosen(), choices=PROFILES)
     p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--clone", action="append", choices=tuple(CLONES), help="only this clone (repeatable; default: both)")
     p.set_defaults(func=_cmd)

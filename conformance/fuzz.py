@@ -43,7 +43,7 @@ from conformance import kernels
 from conformance.arguments import kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
 from conformance.contract import KernelSpec, Kind, Role
-from conformance.profiles import PROFILES
+from conformance.profiles import PROFILES, chosen
 from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run_case, save_in_flight
 
 # Malformed launches per profile, over all kernels (each launched on every validating backend).
@@ -692,7 +692,7 @@ def replay(path: str) -> int:
 # -- command line ----------------------------------------------------------------------------------
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fuzz", help="malformed launches through every validating backend: clean TypeError/ValueError, no writes")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
+    p.add_argument("--profile", default=chosen(), choices=PROFILES)
     p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--launches", type=int, help="malformed launches in all (default: dev 1,000, ci 5,000, nightly 50,000)")
     p.add_argument("--report", default="reports/fuzz.json", type=output_file)

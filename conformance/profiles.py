@@ -1,11 +1,16 @@
 """Hypothesis profiles, registered once for the CLI and the tests.
 
-- ``dev``: quick local runs (50 examples per kernel).
+Every command and the tests default to ``ci``, so a plain run is a gate: the same cases CI draws.
+``SPECDIFF_PROFILE`` (or a command's ``--profile``) picks another.
+
+- ``dev``: quick local runs (50 examples per kernel, random seed): opt-in, it can miss a fault.
 - ``ci``: derandomized, so a CI failure replays bit for bit on a laptop; 200 examples.
 - ``nightly``: 2,000 examples, random seed (printed by the CLI).
 """
 
 from __future__ import annotations
+
+import os
 
 from hypothesis import HealthCheck, settings
 
@@ -20,3 +25,9 @@ settings.register_profile("ci", max_examples=200, derandomize=True, database=Non
 settings.register_profile("nightly", max_examples=2000, **_COMMON)
 
 PROFILES = ("dev", "ci", "nightly")
+DEFAULT = "ci"
+
+
+def chosen() -> str:
+    """The profile a command runs when none is named: ``SPECDIFF_PROFILE``, else ``ci``."""
+    return os.environ.get("SPECDIFF_PROFILE") or DEFAULT

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.arguments import input_file, kernel_name, output_dir
-from conformance.profiles import PROFILES
+from conformance.profiles import PROFILES, chosen
 
 FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
 # ThreadSanitizer: every parallel region on the whole team (SPECDIFF_FORCE_PARALLEL, csrc/common.h).
@@ -143,7 +143,7 @@ def _engine(ns: argparse.Namespace, reports: Path) -> int:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sanitize", help="build the C++ port with ASan+UBSan in a scratch copy and run conformance, fuzz and threads under it")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "ci"), choices=PROFILES)
+    p.add_argument("--profile", default=chosen(), choices=PROFILES)
     p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.arguments import kernel_name, output_file
-from conformance.profiles import PROFILES
+from conformance.profiles import PROFILES, chosen
 
 SHIM = r"""
 // Forces every OpenMP parallel region launched from cpu_impl._C onto the full team, and can hold
@@ -294,7 +294,7 @@ def team_sizes(value: str) -> list[int]:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("threads", help="check the C++ port gives bit-identical outputs at 1, 2, 3, all and twice all OpenMP threads")
-    p.add_argument("--profile", default=os.environ.get("SPECDIFF_PROFILE", "dev"), choices=PROFILES)
+    p.add_argument("--profile", default=chosen(), choices=PROFILES)
     p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--threads", type=team_sizes, help="comma-separated thread counts (default 1,2,3,all cores,twice all)")
     p.add_argument("--max-examples", type=int, help="override the profile's examples per kernel")

@@ -1,9 +1,7 @@
-"""Loads the Hypothesis profile (SPECDIFF_PROFILE: dev, ci or nightly; dev by default)."""
-
-import os
+"""Loads the Hypothesis profile (SPECDIFF_PROFILE: dev, ci or nightly; ci by default, as every command)."""
 
 from hypothesis import settings
 
-import conformance.profiles  # noqa: F401  (registers the profiles)
+from conformance.profiles import chosen
 
-settings.load_profile(os.environ.get("SPECDIFF_PROFILE", "dev"))
+settings.load_profile(chosen())

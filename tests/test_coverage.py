@@ -4,7 +4,6 @@ that no case reached fails."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 
@@ -15,10 +14,11 @@ from hypothesis import strategies as st
 
 from conformance import cli, coverage, kernels
 from conformance.backends import ORACLE
+from conformance.profiles import chosen
 from conformance.runner import Case, run_case
 from conformance.strategies import cases
 
-PROFILE = os.environ.get("SPECDIFF_PROFILE", "dev")
+PROFILE = chosen()
 SEEN: dict[str, Counter[str]] = {}
 
 

@@ -3,7 +3,6 @@ names the argument, without crashing, writing out of bounds or touching their ar
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
@@ -11,9 +10,10 @@ import torch
 
 from conformance import fuzz, kernels
 from conformance.backends import BACKENDS, Backend
+from conformance.profiles import chosen
 from conformance.runner import Case
 
-PROFILE = os.environ.get("SPECDIFF_PROFILE", "dev")
+PROFILE = chosen()
 NAMES = list(kernels.SPECS)
 QUOTA = fuzz.quota_per_kernel(PROFILE, len(NAMES))
 DONE: dict[str, dict] = {}

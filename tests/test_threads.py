@@ -18,8 +18,9 @@ import torch
 
 from conformance import cli, kernels, threads
 from conformance.backends import BACKENDS, Backend
+from conformance.profiles import chosen
 
-PROFILE = os.environ.get("SPECDIFF_PROFILE", "dev")
+PROFILE = chosen()
 
 
 def test_every_cpp_kernel_is_bit_identical_at_1_2_3_and_all_threads(tmp_path):
