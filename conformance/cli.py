@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import random
+import re
 import sys
 import time
 import traceback
@@ -23,7 +24,7 @@ from typing import Any
 import hypothesis
 from hypothesis import Phase, given, settings
 
-from conformance import engine, kernels
+from conformance import engine, kernels, runner
 from conformance import findings as findings_mod
 from conformance.arguments import backend_name, input_file, kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
@@ -34,7 +35,7 @@ from conformance.runner import Diff, Disagreement, load_case, replay_command, ru
 
 BUILT_IN = ("reference", "triton", "cpu")
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
-TOOLS = ("signatures", "threads", "fuzz", "mutants", "sanitize", "clones", "gate", "compile")
+TOOLS = ("show", "signatures", "threads", "fuzz", "mutants", "sanitize", "clones", "gate", "compile")
 
 
 def _backend_mode(name: str) -> str:
@@ -95,15 +96,13 @@ def check_kernel(
     if not shrink or findings is not None:  # report the first failing case as found (the mutants session wants speed)
         prop = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])(prop)
     failure: BaseException | None = None
-    started = time.perf_counter()
+    launched = runner.LAUNCH_SECONDS.copy()
     try:
         prop()
     except Disagreement as d:
         failure = d
     except Exception as e:  # a harness or strategy error: every backend's result is unknown
         failure = e
-    elapsed = time.perf_counter() - started
-
     report = {}
     for b in backends:
         entry: dict[str, Any] = {
@@ -113,7 +112,7 @@ def check_kernel(
             "unsupported": declined[b],
             "departs": departed[b],
             "mode": _backend_mode(b),
-            "seconds": round(elapsed, 2),
+            "seconds": round(runner.LAUNCH_SECONDS[b] - launched[b], 2),  # its own launches
             "message": None,
         }
         if isinstance(failure, Disagreement) and b in failure.backends:
@@ -231,14 +230,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
             print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}", flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
+    kernel_seconds: dict[str, float] = {}
     report: dict[str, Any] = {
-        "schema": 1,
+        "schema": 2,
         "profile": ns.profile,
         "max_examples": profile.max_examples,
         "derandomize": profile.derandomize,
         "seed": seed,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), **_versions()},
         "kernels": results,
+        "seconds": kernel_seconds,  # each kernel's wall time: drawing, launches, comparisons
         "coverage": states,
     }
     unseen: list[findings_mod.Expected] = []
@@ -255,14 +256,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
             write_report()
             runnable, skipped = _available(name, backends, asked)
             seen: Counter[str] = Counter()
+            started = time.perf_counter()
             if len(runnable) > 1:
                 per = check_kernel(name, runnable, seed, seen, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site)
                 per.update(skipped)
             else:
                 per = {**skipped, **{b: _not_compared(name, b, runnable, skipped) for b in runnable or [ORACLE]}}
             results[name] = {b: per[b] for b in backends if b in per}
+            kernel_seconds[name] = round(time.perf_counter() - started, 2)
             statuses = {b: e["status"] for b, e in results[name].items()}
-            print(f"  {name}: {statuses} in {max((e.get('seconds', 0) for e in per.values()), default=0)} s", flush=True)
+            print(f"  {name}: {statuses} in {kernel_seconds[name]} s", flush=True)
             for e in per.values():
                 if e["message"] and (e["status"] == "not compared" or e["status"] in ("fail", "error") and found is None):
                     print("\n" + e["message"] + "\n", flush=True)
@@ -297,7 +300,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if isolate.child_dir() is None:
             print(f"\nreport: {ns.report}")
         if ns.junit:
-            print(f"junit: {_junit(ns.junit, results, states, require)}")
+            print(f"junit: {_junit(ns.junit, results, states, kernel_seconds, require)}")
     bad = [
         f"{k}/{b}"
         for k, per in results.items()
@@ -345,7 +348,10 @@ def _states(name: str, seen: Counter[str], complete: bool) -> dict[str, Any]:
     }
 
 
-def _junit(path: str, results: dict[str, dict[str, dict[str, Any]]], states: dict[str, dict[str, Any]], require: bool) -> Path:
+def _junit(path: str, results: dict[str, dict[str, dict[str, Any]]], states: dict[str, dict[str, Any]],
+           kernel_seconds: dict[str, float], require: bool) -> Path:
+    """One test per kernel and backend (its own launches' time) and one per kernel's coverage (the
+    rest of the kernel's wall time: drawing, comparing, classifying), so the suite's time is the run's."""
     from conformance import junit
 
     cases = []
@@ -361,16 +367,17 @@ def _junit(path: str, results: dict[str, dict[str, dict[str, Any]]], states: dic
         st = states.get(kernel)
         if st is not None and st["cases"]:
             gap = f"required state classes never generated: {', '.join(st['missing'])}" if st["missing"] else None
-            cases.append(junit.TestCase(f"conformance.{kernel}", "coverage", failure=gap if require else None,
+            harness = max(0.0, kernel_seconds.get(kernel, 0.0) - sum(float(e.get("seconds", 0.0)) for e in per.values()))
+            cases.append(junit.TestCase(f"conformance.{kernel}", "coverage", harness, failure=gap if require else None,
                                         skipped=gap if gap and not require else None))
     return junit.write(path, "conformance", cases)
 
 
-def _versions() -> dict[str, str]:
+def _versions() -> dict[str, Any]:
     import torch
     import triton
 
-    return {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.cuda.is_available())}
+    return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.cuda.is_available()}
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
@@ -409,8 +416,15 @@ def cmd_list(ns: argparse.Namespace) -> int:
     return 0
 
 
+def plain(doc: str | None) -> str:
+    """A module docstring as ``--help`` prints it: reST roles and literals as the bare text."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
+    return re.sub(r"``([^`]+)``", r"\1", text).strip()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=plain(__doc__), formatter_class=raw)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every kernel's Hypothesis cases through every backend")
     run.add_argument("--profile", default=chosen(), choices=PROFILES)
@@ -443,8 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     listing = sub.add_parser("list", help="kernels and the backends that implement them")
     listing.add_argument("--vllm", metavar="VERSION|PATH", help="include vLLM's own kernels and CPU port from here")
     listing.set_defaults(func=cmd_list)
-    for tool in TOOLS:  # the harness's checks of itself: each module adds its own subcommand
-        importlib.import_module(f"conformance.{tool}").add_parser(sub)
+    for tool in TOOLS:  # show, and the harness's checks of itself: each module adds its own subcommand
+        module = importlib.import_module(f"conformance.{tool}")
+        module.add_parser(sub)
+        sub.choices[tool].description, sub.choices[tool].formatter_class = plain(module.__doc__), raw
     ns = parser.parse_args(argv)
     ns.argv = sys.argv[1:] if argv is None else argv
     if getattr(ns, "isolate", False) is None:

@@ -58,6 +58,7 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
     merged: dict[str, Any] = {}
     kernels: dict[str, dict[str, Any]] = {}
     coverage: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
     crashed: list[str] = []
     code = 0
     with tempfile.TemporaryDirectory(prefix="specdiff-run-") as tmp:
@@ -71,6 +72,7 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
             merged = part or merged  # the last child's machine, profile and seed
             kernels.update(part.get("kernels", {}))
             coverage.update(part.get("coverage", {}))
+            seconds.update(part.get("seconds", {}))
             if rc >= 0:
                 code = code or rc
                 break
@@ -88,7 +90,7 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
             crashed.append(kernel)
             if kernel == "?":
                 break  # nothing to skip: a second child would crash the same way
-    merged["kernels"], merged["coverage"] = kernels, coverage
+    merged["kernels"], merged["coverage"], merged["seconds"] = kernels, coverage, seconds
     if crashed:
         merged["crashed"] = crashed
     path = Path(report_path)
@@ -96,5 +98,5 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
     path.write_text(json.dumps(merged, indent=2) + "\n")
     print(f"\nreport (every child merged): {path}")
     if junit_path:
-        print(f"junit: {cli._junit(junit_path, kernels, coverage, require)}")
+        print(f"junit: {cli._junit(junit_path, kernels, coverage, seconds, require)}")
     return code

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import sys
+import time
 import traceback
 import warnings
 from collections import Counter
@@ -135,6 +136,9 @@ class Outcome:
 # launch, and the name of each backend written beside it (INFLIGHT.backend) before that backend
 # runs, so that a supervising process can name the backend and the case that killed this one.
 INFLIGHT: Path | None = None
+# Seconds each backend spent in its launches (copies, poison and comparisons excluded), per
+# backend name, over the process: the runner's per-backend times are differences of it.
+LAUNCH_SECONDS: Counter[str] = Counter()
 _recorded: list[Case] = []  # the case last saved to INFLIGHT (kept alive: compared by identity)
 
 
@@ -162,6 +166,7 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
         if p.kind is Kind.PTR and p.role is Role.IN and isinstance(args[p.name], torch.Tensor)
         and not any(args[o.name] is args[p.name] for o in spec.outputs)
     }
+    started = time.perf_counter()
     try:
         launch = backend.launcher(kernel, case.launch_grid())
         if case.positional:
@@ -171,8 +176,10 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
         if backend.device() == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # a backend that raises on valid input disagrees with the others
+        LAUNCH_SECONDS[backend.name] += time.perf_counter() - started
         first, _, rest = str(e).strip().partition("\n")  # the hint joins the line reports quote
         return Outcome(error=f"{type(e).__name__}: {first}{_dtype_hint(spec, args, first)}\n{rest}\n{traceback.format_exc(limit=-3)}")
+    LAUNCH_SECONDS[backend.name] += time.perf_counter() - started
     for name, old in before.items():
         if not torch.equal(_bits(old), _bits(args[name])):
             return Outcome(error=f"modified its input '{name}' (inputs must stay unchanged, C27)")
@@ -633,7 +640,13 @@ def save_failure(case: Case, path: Path | None = None, meta: dict[str, Any] | No
 
 def replay_command(path: Path | None, *tool: str) -> str:
     """The command that re-runs the case saved at ``path`` (with ``tool``, e.g. "threads", "--replay";
-    default ``replay``), or :data:`NOT_SAVED`."""
+    default ``replay``), or :data:`NOT_SAVED`. It reads the same on a laptop as in CI's log: the
+    interpreter by name (any environment with specdiff installed), the file relative to the working
+    directory when it lies below it."""
     if path is None:
         return NOT_SAVED
-    return f"{shlex.quote(sys.executable)} -m conformance {' '.join(tool or ('replay',))} {shlex.quote(str(path))}"
+    try:
+        path = Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:  # outside the working directory: keep it absolute
+        pass
+    return f"python -m conformance {' '.join(tool or ('replay',))} {shlex.quote(str(path))}"

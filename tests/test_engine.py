@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from found_cases import ENGINE
 from support import vllm_spec
 
 from conformance import engine, findings
 from conformance.backends import BACKENDS
 from conformance.engine import cpu, source
-from conformance.runner import Case, run_case
+from conformance.runner import Case, Disagreement, run_case
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,6 +142,15 @@ def test_a_refusal_inside_a_declared_capability_is_unsupported_not_a_failure(vll
     outcomes = run_case(Case("rejection_greedy_sample_kernel", a), ["reference", "cpu", "vllm-cpu"], notes)
     assert outcomes["vllm-cpu"].error.startswith("AssertionError")
     assert [(n.backend, n.kind, n.rule) for n in notes] == [("vllm-cpu", "unsupported", "synthetic mode")]
+
+
+@pytest.mark.parametrize("case, backend, output, kind", ENGINE, ids=[f"{c.kernel}-{k}" for c, _, _, k in ENGINE])
+def test_frozen_engine_defects_still_show(vllm, case, backend, output, kind):
+    """The engine's defects as runs first found them (tests/found_cases.py): the engine's backend
+    still differs there, alone, in the same way. When vLLM fixes one, this fails: drop its entry."""
+    with pytest.raises(Disagreement) as e:
+        run_case(case, ["reference", "cpu", backend])
+    assert {(d.backend, d.output, d.kind) for d in e.value.diffs} == {(backend, output, kind)}, str(e.value)
 
 
 # -- the parts that need no vLLM ------------------------------------------------------------------------

@@ -96,8 +96,13 @@ def test_saved_cases_replay_from_the_printed_command(tmp_path, planted):
     again = load_case(path)
     assert again.kernel == "rejection_greedy_sample_kernel" and torch.equal(again.args["target_argmax_ptr"], torch.tensor([1, 5, 3]))
     cmd = replay_command(path)
-    done = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    assert cmd.startswith("python -m conformance replay "), cmd  # no machine's interpreter path in a log
+    # `python` as the reader's shell finds it: this environment's.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(cmd, shell=True, capture_output=True, text=True, env=env)
     assert done.returncode == 0 and "all backends agree" in done.stdout, done.stdout + done.stderr
+    inside = Path("reports") / "failures" / "replay-relative.safetensors"
+    assert replay_command(Path.cwd() / inside).endswith(f" {inside}")
 
 
 def test_aliased_parameters_stay_aliased_and_unpoisoned():
@@ -295,3 +300,64 @@ def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_o
     assert saved.exists() and str(saved) in crash["message"]
     assert runner.load_case(saved).args["cu_num_tokens_ptr"].numel() >= 3  # the very case that crashed
     assert "crash" in junit_xml.read_text()
+
+
+@pytest.mark.parametrize("kernel", ["sample_recovered_tokens_kernel", "eagle_step_slot_mapping_metadata_kernel",
+                                    "copy_and_expand_eagle_inputs_kernel", "_compute_local_logits_stats_kernel"])
+def test_show_prints_source_that_rebuilds_the_saved_case_bit_for_bit(kernel, tmp_path):
+    """`specdiff show` output, executed, gives back every argument: dtype, shape, strides, offset, the
+    same storage where arguments shared one (K5's declared alias), every value's bits (narrow floats
+    through their shortest decimal, NaN and infinities), and the oracle's outputs as EXPECTED."""
+    from hypothesis import HealthCheck, given, settings
+
+    from conformance import show
+    from conformance.runner import _bits, run_backend
+    from conformance.strategies import cases
+
+    def canonical(t):  # a literal keeps a NaN, not its payload
+        return _bits(torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t) if t.is_floating_point() else t)
+
+    @settings(max_examples=25, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=cases(kernel))
+    def check(case):
+        path = save_case(case, tmp_path / f"{kernel}.safetensors")
+        text = show.source(load_case(path))
+        scope: dict = {}
+        exec(compile(text, "<show>", "exec"), scope)  # noqa: S102 - the tool's own output
+        again = scope["case"]
+        assert again.kernel == case.kernel and again.grid == case.grid and again.positional == case.positional
+        for name, v in case.args.items():
+            w = again.args[name]
+            if not isinstance(v, torch.Tensor):
+                assert w == v or (v != v and w != w), name
+                continue
+            assert (w.dtype, w.shape, w.stride(), w.storage_offset()) == (v.dtype, v.shape, v.stride(), v.storage_offset()), name
+            assert torch.equal(canonical(w), canonical(v)), name
+            for other, u in case.args.items():
+                if isinstance(u, torch.Tensor) and u.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
+                    assert again.args[other].untyped_storage().data_ptr() == w.untyped_storage().data_ptr(), (name, other)
+        want = run_backend(BACKENDS["reference"], case)
+        if want.error is None:
+            assert set(scope["EXPECTED"]) == set(want.outputs)
+            assert all(torch.equal(canonical(scope["EXPECTED"][n]), canonical(t)) for n, t in want.outputs.items())
+
+    check()
+
+
+def test_show_refuses_what_a_literal_cannot_express(tmp_path):
+    from conformance import show
+
+    case = _case()
+    case.args["target_argmax_ptr"] = torch.tensor([1.0, 5.0, 3.0])._neg_view()
+    with pytest.raises(ValueError, match="'target_argmax_ptr' is a negative view"):
+        show.source(case)
+
+
+def test_help_reads_as_plain_text(capsys):
+    for argv in (["--help"], *([tool, "--help"] for tool in cli.TOOLS)):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = capsys.readouterr().out
+        assert "``" not in out and ":func:" not in out and ":data:" not in out, argv
+        if argv[0] != "--help":
+            assert len(out.splitlines()) > 8, f"{argv[0]} --help has no description"
