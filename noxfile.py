@@ -64,9 +64,25 @@ def engine(session: nox.Session) -> None:
                 "--junit", "reports/engine.xml", *args)
 
 
+SAVE_A_CASE = """
+import sys
+from hypothesis import given, settings
+from conformance.runner import save_case
+from conformance.strategies import cases
+from pathlib import Path
+
+@settings(max_examples=1, database=None)
+@given(case=cases("expand_kernel"))
+def save(case):
+    save_case(case, Path(sys.argv[1]))
+
+save()
+"""
+
+
 @nox.session(python=PYTHON)
 def package(session: nox.Session) -> None:
-    """A built wheel, installed (not editable), runs `specdiff` outside the source tree."""
+    """A built wheel, installed (not editable), runs every `specdiff` command outside the source tree."""
     import tempfile
 
     out = tempfile.mkdtemp(prefix="specdiff-wheel-")
@@ -77,7 +93,18 @@ def package(session: nox.Session) -> None:
     session.chdir(out)  # nothing of the source tree is importable from here
     session.run("python", "-c", "import conformance, cpu_impl._C; assert 'site-packages' in conformance.__file__, conformance.__file__")
     session.run("specdiff", "list")
-    session.run("specdiff", "run", "--profile", "dev", "--seed", "0", "--kernel", "expand_kernel", "--kernel", "eagle_prepare_inputs_padded_kernel")
+    session.run("specdiff", "run", "--kernel", "expand_kernel", "--kernel", "eagle_prepare_inputs_padded_kernel")
+    for tool in ("signatures", "threads", "fuzz", "compile"):  # each works; their power is the tests' to show
+        session.run("specdiff", tool, "--kernel", "expand_kernel", env={"SPECDIFF_PROFILE": "dev", **({"TRITON_INTERPRET": "0"} if tool == "compile" else {})})
+    # A saved case from here, shown and replayed by the installed commands.
+    session.run("python", "-c", SAVE_A_CASE, "case.safetensors")
+    session.run("specdiff", "show", "case.safetensors")
+    session.run("specdiff", "replay", "case.safetensors", "--backend", "reference", "--backend", "cpu")
+    # What needs the source tree says so in one line and exits 2, never a traceback.
+    for tool in ("mutants", "sanitize", "clones", "gate"):
+        out = session.run("specdiff", tool, *(["origin/main"] if tool == "gate" else []), success_codes=[2], silent=True)
+        if "run it from a clone" not in out:
+            session.error(f"specdiff {tool} outside the tree: {out}")
 
 
 @nox.session(python=PYTHON)

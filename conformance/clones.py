@@ -33,12 +33,12 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    from conformance.mutants import ROOT, Scratch
+    from conformance.mutants import Scratch, source_tree
 
     kernels = [a for k in ns.kernel or [] for a in ("--kernel", k)]
     failed = []
     for clone in ns.clone or list(CLONES):
-        s = Scratch(ROOT)
+        s = Scratch(source_tree("clones"))
         try:
             t = time.perf_counter()
             built = s.build(CLONES[clone])

@@ -101,6 +101,9 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
+    from conformance.mutants import source_tree
+
+    source_tree("gate")
     try:
         files = changed_files(ns.base)
     except subprocess.CalledProcessError as e:

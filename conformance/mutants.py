@@ -45,6 +45,15 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def source_tree(command: str) -> Path:
+    """The source tree a command that rebuilds or diffs the port works on: the checkout this module
+    runs from. An installed wheel has none (no csrc/, no setup.py): a ValueError saying so."""
+    if not ((ROOT / "setup.py").is_file() and (ROOT / "csrc").is_dir()):
+        raise ValueError(f"`{command}` works on specdiff's source tree (it rebuilds the C++ port or reads git), "
+                         f"and this specdiff is installed without one ({ROOT}): run it from a clone")
+    return ROOT
 CATALOGUE = Path(__file__).with_name("mutants.toml")
 CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens", "compile", "tsan")
 FUZZ_LAUNCHES = 900  # malformed cases per mutant kernel (about 43 of each of the 21 kinds)
@@ -374,7 +383,7 @@ def add_parser(sub: Any) -> None:
 
 def _select(ns: argparse.Namespace) -> list[Mutant]:
     """The mutants the command line asks for; ValueError when the catalogue does not load or holds none of them."""
-    catalogue = load(Path(ns.catalogue))
+    catalogue = load(Path(ns.catalogue), source_tree("mutants"))
     unknown = [i for i in ns.id or [] if i not in {m.id for m in catalogue}]
     if unknown:
         raise ValueError(f"--id: unknown mutant {', '.join(map(repr, unknown))}; known: {', '.join(m.id for m in catalogue)}")
@@ -397,7 +406,7 @@ def _cmd(ns: argparse.Namespace) -> int:
             print(f"{m.id:<40}{m.backend:<11}{m.fault:<38}{ok}")
         return 1 if bad else 0
     started = time.perf_counter()
-    s = Scratch(ROOT, Path(ns.scratch) if ns.scratch else None, ns.keep)
+    s = Scratch(source_tree("mutants"), Path(ns.scratch) if ns.scratch else None, ns.keep)
     print(f"specdiff mutants: {len(chosen)} faults, profile {ns.profile}, scratch tree {s.dir}", flush=True)
     rows: list[dict[str, Any]] = []
     incomplete = None

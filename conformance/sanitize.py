@@ -159,7 +159,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    from conformance.mutants import ROOT, Scratch
+    from conformance.mutants import Scratch, source_tree
 
     reports = Path(ns.reports).resolve()
     reports.mkdir(parents=True, exist_ok=True)
@@ -173,7 +173,7 @@ def _cmd(ns: argparse.Namespace) -> int:
         except RuntimeError as e:
             print(f"FAILED: {e}")
             return 1
-    s = Scratch(ROOT, Path(ns.scratch) if ns.scratch else None, ns.keep)
+    s = Scratch(source_tree("sanitize"), Path(ns.scratch) if ns.scratch else None, ns.keep)
     print(f"specdiff sanitize: {flags}; scratch tree {s.dir}", flush=True)
     try:
         t = time.perf_counter()

@@ -80,3 +80,17 @@ def test_the_command_line_refuses_unknown_mutants_and_backends(capsys):
         with pytest.raises(SystemExit) as e:
             cli.main(["mutants", *argv])
         assert e.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize("argv", [["mutants"], ["sanitize"], ["clones"], ["gate", "origin/main"]])
+def test_commands_that_need_the_source_tree_say_so_outside_it(argv, tmp_path, monkeypatch, capsys):
+    """An installed wheel has no csrc/ to rebuild and no git history: one line and exit 2."""
+    from conformance import cli
+
+    monkeypatch.setattr(mutants, "ROOT", tmp_path)
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # refused while argparse checks the arguments: the usage line, then the reason
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "run it from a clone" in err and "Traceback" not in err, err
