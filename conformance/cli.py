@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from conformance.backends import BACKENDS, ORACLE
 from conformance.engine.source import SourceError
 from conformance.findings import Findings
 from conformance.profiles import PROFILES, chosen
-from conformance.runner import Diff, Disagreement, load_case, replay_command, run_case, save_failure
+from conformance.runner import Case, Diff, Disagreement, load_case, replay_command, run_case, save_failure
 
 BUILT_IN = ("reference", "triton", "cpu")
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
@@ -49,14 +50,15 @@ def _backend_mode(name: str) -> str:
 
 def check_kernel(
     name: str, backends: list[str], seed: int | None, states: Counter[str] | None = None, shrink: bool = True,
-    findings: Findings | None = None, call_site: bool = False,
+    findings: Findings | None = None, call_site: bool = False, examples: Sequence[Case] = (),
 ) -> dict[str, dict[str, Any]]:
     """Runs the kernel's Hypothesis cases through ``backends``; returns a per-backend report.
 
     ``states`` tallies, per coverage class, the cases that reached it (conformance/coverage.py).
     With ``findings`` the run keeps going: every example runs and every disagreement, departure
     and unsupported case is added there; without, the first disagreement stops the kernel (and is
-    shrunk). ``call_site`` draws only what vLLM's call sites pass.
+    shrunk). ``call_site`` draws only what vLLM's call sites pass. ``examples`` run first, every
+    time (cases found earlier and frozen, tests/found_cases.py).
     """
     from conformance import coverage
     from conformance.strategies import cases
@@ -91,6 +93,8 @@ def check_kernel(
             except Exception as e:  # a classifier's bug is the harness's, never a backend's
                 states[f"classifier error: {type(e).__name__}: {e}"] += 1
 
+    for case in examples:
+        prop = hypothesis.example(case=case)(prop)
     if seed is not None:
         prop = hypothesis.seed(seed)(prop)
     if not shrink or findings is not None:  # report the first failing case as found (the mutants session wants speed)

@@ -4,4 +4,6 @@ from hypothesis import settings
 
 from conformance.profiles import chosen
 
+pytest_plugins = ["conformance.pytest_plugin"]
+
 settings.load_profile(chosen())

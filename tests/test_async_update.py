@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
 from support import BACKENDS as ALL
 from support import i32, i64, refused, run
 
 from conformance.backends import BACKENDS
 from conformance.kernels import async_update as contracts
-from conformance.runner import run_case
-from conformance.strategies import cases
 
 HOST = tuple(b for b in ALL if BACKENDS[b].applies(contracts.UPDATE))
 backends = pytest.mark.parametrize("backend", HOST)
@@ -64,10 +61,6 @@ def test_engine_gathers_for_new_requests():
     with pytest.raises(IndexError):  # D10 (conformance/engine/expected.toml)
         update("vllm", [10, 20], [9, 8], [-1, -1], [], [], [100, 200])
 
-
-@given(case=cases(contracts.K21))
-def test_conformance(case):
-    run_case(case, tuple(b for b in HOST if b != "vllm"))
 
 
 @ours

@@ -7,15 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
 from support import BACKENDS as BACKEND_NAMES
 from support import i32, i64, run
 
 from conformance.backends import BACKENDS
 from conformance.contract import KernelSpec
 from conformance.kernels import eagle as contracts
-from conformance.runner import run_case
-from conformance.strategies import cases
 
 I32, I64 = torch.int32, torch.int64
 POISON = -9  # the goldens' poison: never a value these kernels write here
@@ -267,24 +264,8 @@ def test_copy_expand_golden_one_token_request(backend, bool_poison):
 
 
 # -- conformance -------------------------------------------------------------------------------------
-@given(case=cases(contracts.K5))
-def test_step_conformance(case):
-    run_case(case, BACKEND_NAMES)
 
 
-@given(case=cases(contracts.K6))
-def test_inputs_padded_conformance(case):
-    run_case(case, BACKEND_NAMES)
-
-
-@given(case=cases(contracts.K7))
-def test_next_token_conformance(case):
-    run_case(case, BACKEND_NAMES)
-
-
-@given(case=cases(contracts.K8))
-def test_copy_expand_conformance(case):
-    run_case(case, BACKEND_NAMES)
 
 
 # -- invalid input -----------------------------------------------------------------------------------

@@ -8,14 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 from support import BACKENDS as BACKEND_NAMES
 from support import f32, f64, i32, i64, refused, run
 
 from conformance.kernels import fly as contracts
-from conformance.runner import run_case
-from conformance.strategies import cases
 
 backends = pytest.mark.parametrize("backend", BACKEND_NAMES)
 cpu_and_reference = pytest.mark.parametrize("backend", ["reference", "cpu"])
@@ -175,12 +171,6 @@ def test_threshold_outside_float32_is_rounded(backend):
 def test_window_zero_defers_on_entropy_alone(backend):
     assert greedy(backend, greedy_args([4, 5, 6], [1, 2, 3], window=0)) == [4, 5, 6]
     assert random(backend, random_args([4, 5, 6], [0.99, 0.99, 0.1], window=0)) == [0.0, 0.0, 0.1]
-
-
-@pytest.mark.parametrize("kernel", [contracts.K19, contracts.K20])
-@given(data=st.data())
-def test_conformance(kernel, data):
-    run_case(data.draw(cases(kernel)), BACKEND_NAMES)
 
 
 # -- invalid input --------------------------------------------------------------------------------------

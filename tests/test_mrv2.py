@@ -16,8 +16,6 @@ from support import f32, i32, i64, run
 from conformance.backends import BACKENDS
 from conformance.contract import KernelSpec
 from conformance.kernels import mrv2 as contracts
-from conformance.runner import run_case
-from conformance.strategies import cases
 
 I32, I64 = torch.int32, torch.int64
 POISON = -9
@@ -101,14 +99,6 @@ def test_golden_flatten(backend, counts, flat):
     assert a["flat_sampled_ptr"].tolist() == flat + [0, 0]
 
 
-@given(case=cases(contracts.K11))
-def test_conformance_gather(case):
-    run_case(case, BACKEND_NAMES)
-
-
-@given(case=cases(contracts.K12))
-def test_conformance_flatten(case):
-    run_case(case, BACKEND_NAMES)
 
 
 # -- invalid input -----------------------------------------------------------------------------------
@@ -225,10 +215,6 @@ def test_golden_logits_stats_one_tile_and_negative_zero(backend):
     assert str(float(a["target_local_max_ptr"][0, 0])) == ("0.0" if backend != "vllm" else "-0.0")  # C30 departure
 
 
-@given(case=cases(contracts.K13))
-def test_conformance_logits_stats(case):
-    run_case(case, BACKEND_NAMES)
-
 
 @cpu_and_reference
 @pytest.mark.parametrize(
@@ -287,10 +273,6 @@ def test_golden_insert_greedy(backend):
     assert a["sampled_ptr"].tolist() == [[POISON] * 3, [7, POISON, POISON], [POISON, 2000, POISON]]
     assert a["num_sampled_ptr"].tolist() == [2, 1, 2]
 
-
-@given(case=cases(contracts.K18))
-def test_conformance_insert(case):
-    run_case(case, BACKEND_NAMES)
 
 
 @cpu_and_reference
@@ -360,10 +342,6 @@ def test_golden_cumulative_log_p(backend, draft):
     assert got == [step0, step0, step2, N, N, N]
 
 
-@given(case=cases(contracts.K14))
-def test_conformance_cumulative_log_p(case):
-    run_case(case, BACKEND_NAMES)
-
 
 @cpu_and_reference
 @pytest.mark.parametrize(
@@ -425,10 +403,6 @@ def test_golden_local_residual_mass(backend, block):
         got[1][0] = mass
     assert got == [[N] * (2 // block), [mass] + [0.0] * (2 // block - 1)] + [[N] * (2 // block)] * 5
 
-
-@given(case=cases(contracts.K15))
-def test_conformance_local_residual_mass(case):
-    run_case(case, BACKEND_NAMES)
 
 
 @cpu_and_reference
@@ -577,10 +551,6 @@ def test_golden_rejection_fly(backend):
     assert a["sampled_ptr"].tolist() == [[0, 2, 3, P]]
 
 
-@given(case=cases(contracts.K16))
-def test_conformance_rejection(case):
-    run_case(case, BACKEND_NAMES)
-
 
 @cpu_and_reference
 @pytest.mark.parametrize(
@@ -701,10 +671,6 @@ def test_golden_resample_draft_logits(backend):
     else:
         assert got[1] == want
 
-
-@given(case=cases(contracts.K17))
-def test_conformance_resample(case):
-    run_case(case, BACKEND_NAMES)
 
 
 @cpu_and_reference

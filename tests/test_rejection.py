@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from found_cases import FOUND
-from hypothesis import example, given
 from support import BACKENDS, f32, f64, i32, i64, run
-
-from conformance.runner import run_case
-from conformance.strategies import cases
 
 NAN = float("nan")
 
@@ -273,13 +268,3 @@ def test_flags_must_match_tensors(backend):
             vocab_size=4, BLOCK_SIZE=8192, NO_DRAFT_PROBS=False, USE_FP64_GUMBEL=False)
 
 
-# -- three-way conformance -------------------------------------------------------------------------------
-@pytest.mark.parametrize("kernel", ["rejection_greedy_sample_kernel", "rejection_random_sample_kernel", "expand_kernel", "sample_recovered_tokens_kernel"])
-def test_three_way(kernel):
-    @given(case=cases(kernel))
-    def check(case):
-        run_case(case, list(BACKENDS))
-
-    for found in FOUND.get(kernel, []):  # cases runs found, frozen (tests/found_cases.py)
-        check = example(case=found)(check)
-    check()

@@ -1,0 +1,124 @@
+"""Conformance as pytest tests: one test per kernel x backend, read from the contracts.
+
+``tests/test_conformance.py`` parametrizes :func:`params` and calls :func:`check`; this plugin
+(``pytest_plugins`` in ``tests/conftest.py``) gathers what each test recorded and, at the end of the
+run, prints the kernel x backend table and writes the conformance report (``reports/conformance.json``
+unless ``--conformance-report`` says otherwise; the CLI's schema). So pytest's own tools apply:
+
+    pytest tests/test_conformance.py -k sample_recovered      # one kernel, every backend
+    pytest tests/test_conformance.py -n auto                   # spread over every core (pytest-xdist)
+    pytest tests/test_conformance.py -x --lf --junitxml=...    # stop early, rerun failures, JUnit
+
+A test runs the kernel's Hypothesis cases through the oracle and its backend, bit for bit: every
+backend equal to the oracle is every backend equal to every other. Which one is wrong when the oracle
+is (every backend's test of the kernel fails alike) is the CLI's three-way vote to say
+(``python -m conformance run``). Under the ``ci`` and ``nightly`` profiles a required state class that
+no case reached fails the test too. Reports travel from xdist's workers with the test reports
+(``user_properties``), so the table is whole whichever worker ran what.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import cli, kernels
+from conformance.backends import ORACLE
+from conformance.profiles import chosen
+from conformance.runner import Case
+
+PROPERTY = "specdiff-conformance"
+
+
+def params(backends: Sequence[str]) -> list[Any]:
+    """``pytest.param(kernel, backend)`` for every contract and every backend in ``backends`` (the
+    oracle aside) that runs it here; a backend that is unavailable, or lacks a kernel it should have,
+    is a skipped or failing test that says so."""
+    out = []
+    for name in kernels.SPECS:
+        runnable, skipped = cli._available(name, [ORACLE, *backends], set())
+        for b in backends:
+            if b == ORACLE:
+                continue
+            if b in runnable:
+                out.append(pytest.param(name, b, id=f"{name}-{b}"))
+            elif b in skipped and skipped[b]["status"] in ("missing", "skipped"):
+                out.append(pytest.param(name, b, id=f"{name}-{b}", marks=pytest.mark.skip(reason=skipped[b]["message"]))
+                           if skipped[b]["status"] == "skipped" else pytest.param(name, b, id=f"{name}-{b}"))
+    return out
+
+
+def check(kernel: str, backend: str, examples: Sequence[Case] = ()) -> dict[str, Any]:
+    """The kernel's cases through the oracle and ``backend``: the per-backend report entries and the
+    kernel's coverage, as the CLI's report holds them."""
+    runnable, skipped = cli._available(kernel, [ORACLE, backend], {backend})
+    if backend not in runnable:
+        return {"kernel": kernel, "backends": skipped, "coverage": None}
+    seen: Counter[str] = Counter()
+    per = cli.check_kernel(kernel, [ORACLE, backend], None, seen, examples=examples)
+    complete = all(e["status"] == "pass" for e in per.values())
+    return {"kernel": kernel, "backends": per, "coverage": cli._states(kernel, seen, complete)}
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    """Why the test fails, or None."""
+    for b, e in result["backends"].items():
+        if e["status"] != "pass":
+            return f"{result['kernel']} x {b}: {e['status']}\n{e.get('message') or ''}"
+    missing = (result["coverage"] or {}).get("missing")
+    if missing and chosen() in ("ci", "nightly"):
+        return f"{result['kernel']}: required state classes never generated: {', '.join(missing)}"
+    return None
+
+
+# -- the plugin ------------------------------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--conformance-report", default="reports/conformance.json",
+                     help="where tests/test_conformance.py's run writes its report (the CLI's schema)")
+
+
+class _Gather:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.results: list[dict[str, Any]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.results += [json.loads(v) for k, v in report.user_properties if k == PROPERTY]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.results:
+            return
+        table: dict[str, dict[str, dict[str, Any]]] = {}
+        coverage: dict[str, Any] = {}
+        for r in sorted(self.results, key=lambda r: list(kernels.SPECS).index(r["kernel"])):
+            table.setdefault(r["kernel"], {}).update(r["backends"])
+            if r["coverage"] is not None:
+                coverage[r["kernel"]] = r["coverage"]
+        backends = [ORACLE, *dict.fromkeys(b for r in self.results for b in r["backends"] if b != ORACLE)]
+        terminalreporter.write_sep("=", "conformance (kernel x backend)")
+        terminalreporter.write_line(cli._table(table, backends))
+        from hypothesis import settings
+
+        profile = settings.get_profile(chosen())
+        report = {
+            "schema": 2, "profile": chosen(), "max_examples": profile.max_examples, "derandomize": profile.derandomize,
+            "seed": None, "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                                      **cli._versions()},
+            "kernels": table, "coverage": coverage, "source": "pytest",
+        }
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        terminalreporter.write_line(f"conformance report: {path}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Gather(config.getoption("--conformance-report")), "specdiff-conformance-gather")
