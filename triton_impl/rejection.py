@@ -144,7 +144,10 @@ def expand_kernel(
     MAX_NUM_TOKENS: tl.constexpr,  # most tokens written per request (128 at the call site)
 ):
     req_idx = tl.program_id(0)
-    start_idx, num_tokens = _request_span(cu_num_tokens_ptr, req_idx)
+    # In cu's dtype, not widened (_request_span): counts are >= 0 and non-decreasing, so end - start
+    # fits it, and start_idx + offset is formed on the pointer, in 64 bits (C4).
+    start_idx = _request_start(cu_num_tokens_ptr, req_idx)
+    num_tokens = tl.load(cu_num_tokens_ptr + req_idx) - start_idx
 
     src_val = tl.load(input_ptr + req_idx)
     src_val = tl.where(src_val == replace_from, replace_to, src_val).to(src_val.dtype)
