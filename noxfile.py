@@ -1,6 +1,6 @@
 """specdiff's entry points.
 
-    nox -s conformance   the main job: every kernel, three backends, a table and reports/conformance.json
+    nox -s conformance   the main job: every kernel x backend as a pytest test (-n auto), a table, reports/conformance.json
     nox -s engine        the same against vLLM's own kernels and CPU port (-- --vllm VERSION|PATH)
     nox -s package       a built wheel, installed, runs `specdiff` outside the tree
     nox -s tests         the harness's own tests
@@ -41,9 +41,11 @@ def install(session: nox.Session, extras: str = "") -> None:
 
 @nox.session(python=PYTHON)
 def conformance(session: nox.Session) -> None:
-    """Three-way conformance of every kernel (profile from SPECDIFF_PROFILE, default ci: a gate)."""
+    """Every kernel's conformance on every backend, one pytest test each, over every core (profile from
+    SPECDIFF_PROFILE, default ci: a gate). Posargs go to pytest: `-- -k sample_recovered`, `-- -x --lf`."""
     install(session, "test")
-    session.run("python", "-m", "conformance", "run", "--junit", "reports/conformance.xml", *session.posargs)
+    session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "-p", "no:randomly",
+                "--junitxml=reports/conformance.xml", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -111,7 +113,9 @@ def package(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's own tests: goldens, launch forms, runner power, compositions, statistics."""
     install(session, "test")
-    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", "--durations=15", *session.posargs)
+    # tests/test_conformance.py is the conformance session's: the rest is the harness's own tests.
+    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", "--durations=15",
+                "--ignore=tests/test_conformance.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -267,11 +271,15 @@ def mutants(session: nox.Session) -> None:
 def nightly(session: nox.Session) -> None:
     """What does not fit CI's 45 minutes: the whole catalogue of planted faults (each C++ fault rebuilds
     the extension in a scratch tree, about 35 s), the C++ port's AVX2 and baseline clones against the
-    oracle (two more builds), then conformance under the nightly profile (2,000 examples per kernel)."""
+    oracle (two more builds), then conformance under the nightly profile (2,000 examples per kernel and
+    backend) over every core, or one share of it (NIGHTLY_SHARD=K/N)."""
     install(session, "test")
     session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *session.posargs)
     session.run("python", "-m", "conformance", "clones")
-    session.run("python", "-m", "conformance", "run", "--profile", "nightly", "--junit", "reports/conformance-nightly.xml")
+    # Over every core; NIGHTLY_SHARD=K/N runs the K-th of N shares (one per machine).
+    shard = [f"--shard={os.environ['NIGHTLY_SHARD']}"] if os.environ.get("NIGHTLY_SHARD") else []
+    session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "--junitxml=reports/conformance-nightly.xml",
+                "--conformance-report=reports/conformance-nightly.json", *shard, env={"SPECDIFF_PROFILE": "nightly"})
 
 
 @nox.session(python=PYTHON)

@@ -82,6 +82,27 @@ def verdict(result: dict[str, Any]) -> str | None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--conformance-report", default="reports/conformance.json",
                      help="where tests/test_conformance.py's run writes its report (the CLI's schema)")
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run the K-th of N shares of the conformance tests (1 <= K <= N): one share per CI machine")
+
+
+def _shard(text: str) -> tuple[int, int]:
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--shard {text!r} must be K/N with 1 <= K <= N, e.g. 2/4")
+    return int(k), int(n)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--shard K/N keeps every N-th conformance test from the K-th (collection order is the contracts'
+    order, the same on every machine), deselecting the rest; other tests are untouched."""
+    if config.getoption("--shard") is None:
+        return
+    k, n = _shard(config.getoption("--shard"))
+    ours = [i for i in items if i.originalname == "test_conformance" and i.module.__name__.endswith("test_conformance")]
+    drop = {id(i) for j, i in enumerate(ours) if j % n != k - 1}
+    config.hook.pytest_deselected(items=[i for i in items if id(i) in drop])
+    items[:] = [i for i in items if id(i) not in drop]
 
 
 class _Gather:
