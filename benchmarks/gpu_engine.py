@@ -12,9 +12,10 @@ over ours: above 1, ours is faster. Before timing, ours must equal the oracle bi
 outputs are compared with ours, and a difference is reported with the ratio (not like for like).
 
 Targets (issue #16): the engine layout of ``sample_recovered_tokens_kernel`` at least as fast as
-vLLM's at every size; the split layout (``triton-split``) at least 6x vLLM's at 1 x 8; every other
-kernel within 3 % of vLLM's or faster (graph time). Exit status 2 when a target is missed, 1 on a
-wrong output.
+vLLM's at every size and the split layout (``triton-split``) at least 6x vLLM's at 1 x 8, both under
+``do_bench`` (the issue's measure: a stream from DRAM); every other kernel within 3 % of vLLM's or
+faster in graph time (a 1-2 us kernel's ``do_bench`` is mostly its cold start and moves by 10 % from
+run to run; its device time does not). Exit status 2 when a target is missed, 1 on a wrong output.
 """
 
 from __future__ import annotations
@@ -110,14 +111,14 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [f"GPU: {torch.cuda.get_device_name()}; vocab {V}; medians of do_bench_cudagraph (device time) and do_bench "
              "(eager launches); ratio = vLLM's time / ours", "",
-             "| kernel | B x N | inv_q | ours us (graph / eager) | vLLM us (graph / eager) | ours vs vLLM (graph / eager) | target | verdict |",
+             "| kernel | B x N | inv_q | ours us (graph / eager) | vLLM us (graph / eager) | ours vs vLLM (graph / eager) | target (K4: eager) | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     missed = False
     for r in rows:
         for name in ("triton", "triton-split"):
             if f"{name}_us" not in r:
                 continue
-            ratio = r[f"{name}_vs_vllm"]
+            ratio = r[f"{name}_vs_vllm_eager"] if r["kernel"] == K4 else r[f"{name}_vs_vllm"]
             if name == "triton-split":
                 target = 6.0 if (r["requests"], r["drafts"], r["inv_q"]) == (1, 8, "f32") else None
             else:
