@@ -10,7 +10,9 @@ working directory comes first on ``sys.path`` — until one of them kills it:
 
 - ``conformance``: ``python -m conformance run --profile ci`` on the mutant's kernels, the
   faulty backend against the oracle (and, for an oracle fault, against the other two, so that
-  the majority names it); a kill is a report that names the faulty backend;
+  the majority names it); a kill is a report that names the faulty backend. ``--seed N``
+  (repeatable) draws the profile's cases from each seed in turn instead of the profile's own
+  derandomized draw, and counts a kill only if every seed kills: how much a kill owes to one draw;
 - ``threads``: thread-count invariance of the C++ port (C++ faults);
 - ``fuzz``: the malformed-input fuzz, for backends that validate; a kill names the backend;
 - ``signatures``: the signature gate on the faulty backend;
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.arguments import backend_name, input_file, output_file
-from conformance.profiles import PROFILES
+from conformance.profiles import PROFILES, chosen
 
 try:
     import tomllib
@@ -234,14 +236,22 @@ def _names_backend(text: str, backend: str) -> bool:
     return f" on {backend}:" in text or f"'{backend} (" in text or f"{backend} failed" in text
 
 
-def check(name: str, m: Mutant, s: Scratch, profile: str) -> Result:
+def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | None = None) -> Result:
     reports = s.dir / "reports"
     reports.mkdir(exist_ok=True)
     kernels = [a for k in m.kernels for a in ("--kernel", k)]
+    if name == "conformance" and seeds:
+        # The profile's cases drawn from each seed in turn: killed only if every draw kills it.
+        results = [check(name, m, s, profile, [seed]) for seed in seeds] if len(seeds) > 1 else None
+        if results is not None:
+            missed = [seed for seed, r in zip(seeds, results) if not r.killed]
+            detail = f"killed under all {len(seeds)} seeds" if not missed else f"survived seeds {missed} of {seeds}"
+            return Result(name, not missed, sum(r.seconds for r in results), detail)
     if name == "conformance":
         others = ["--backend", "triton", "--backend", "cpu"] if m.backend == "reference" else []
         report = reports / f"{m.id}.conformance.json"
-        rc, out, sec = _run(s, ["-m", "conformance", "run", "--profile", profile, *kernels, "--backend", m.backend, *others,
+        seed = ["--seed", str(seeds[0])] if seeds else []
+        rc, out, sec = _run(s, ["-m", "conformance", "run", "--profile", profile, *seed, *kernels, "--backend", m.backend, *others,
                                 "--no-shrink", "--no-require-coverage", "--report", str(report)], CHECK_TIMEOUT)
         if _crash(rc):
             return Result(name, True, sec, _crash(rc))
@@ -321,7 +331,7 @@ def _family(kernel: str) -> str:
     return kernels.get(kernel).family
 
 
-def evaluate(m: Mutant, s: Scratch, profile: str, all_checks: bool) -> dict[str, Any]:
+def evaluate(m: Mutant, s: Scratch, profile: str, all_checks: bool, seeds: list[int] | None = None) -> dict[str, Any]:
     """Applies ``m``, builds if native, runs its checks; returns the row of the kill matrix."""
     row: dict[str, Any] = {"id": m.id, "backend": m.backend, "fault": m.fault, "file": m.file, "kernels": m.kernels,
                            "description": m.description, "checks": {}, "killed_by": None, "error": None}
@@ -337,7 +347,7 @@ def evaluate(m: Mutant, s: Scratch, profile: str, all_checks: bool) -> dict[str,
             for name in CHECKS:
                 if name not in m.checks:
                     continue
-                r = check(name, m, s, profile)
+                r = check(name, m, s, profile, seeds)
                 if r.killed is None:
                     continue
                 row["checks"][name] = {"killed": r.killed, "seconds": round(r.seconds, 1), "detail": r.detail[:300]}
@@ -371,7 +381,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--catalogue", default=str(CATALOGUE), type=input_file)
     p.add_argument("--id", action="append", help="only this mutant (repeatable)")
     p.add_argument("--backend", action="append", type=backend_name, help="only mutants of this backend (repeatable)")
-    p.add_argument("--profile", default="ci", choices=PROFILES)
+    p.add_argument("--profile", default=chosen(), choices=PROFILES)
+    p.add_argument("--seed", type=int, action="append",
+                   help="draw the conformance check's cases from this seed (repeatable: killed only if every seed kills it)")
     p.add_argument("--all-checks", action="store_true", help="run every check on every mutant (the full matrix), not just until the first kill")
     p.add_argument("--scratch", help="scratch directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
@@ -422,7 +434,7 @@ def _cmd(ns: argparse.Namespace) -> int:
             s.save_pristine()
             print(f"  built the unmutated extension in {time.perf_counter() - t:.0f} s", flush=True)
         for m in chosen:
-            row = evaluate(m, s, ns.profile, ns.all_checks)
+            row = evaluate(m, s, ns.profile, ns.all_checks, ns.seed)
             rows.append(row)
             how = row["error"] or (f"killed by {row['killed_by']}: {row['checks'][row['killed_by']]['detail']}" if row["killed_by"] else "SURVIVED")
             print(f"  {m.id} ({m.backend}, {m.fault}): {how[:220]} [{row['seconds']} s]", flush=True)
