@@ -3,6 +3,7 @@ mode, one-hot and tied probability rows, -1 padded drafts and boundary uniforms.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -146,6 +147,17 @@ def _uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tenso
     return u
 
 
+def _rate_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Tensor) -> None:
+    """In half the synthetic cases, one request's first uniform sits exactly on the first rate: the
+    first test always runs, and there C8's strict u < rate parts from u <= rate. Planted cells alone
+    (``_uniforms``) reached it too rarely: a non-strict port survived 2 of 10 seeds of 200. One
+    request only, so the others keep their acceptance chains (placeholders later in a row)."""
+    firsts = [s for s, n in zip(itertools.accumulate([0, *bt.n[:-1]]), bt.n) if n]
+    if not draw(st.booleans()) or not firsts or not len(rates) or not 0.0 <= float(rates[0]) < 1.0:
+        return
+    u[firsts[draw(st.integers(0, len(firsts) - 1))]] = float(rates[0])
+
+
 @cases_for("rejection_greedy_sample_kernel")
 def greedy_cases() -> st.SearchStrategy[Case]:
     return _greedy_cases()
@@ -164,6 +176,7 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
     if synthetic:
         pos = torch.cat([torch.arange(k) for k in bt.n]) if bt.t else torch.zeros(0, dtype=torch.int64)
         u = draw(_uniforms(g, bt.t, rates[pos].to(torch.float64)))
+        _rate_on_first(draw, u, bt, rates)
     else:
         u = draw(st.sampled_from([None, "given"]))
         u = None if u is None else torch.rand(bt.t, dtype=torch.float64, generator=g)
@@ -206,6 +219,8 @@ def _random_cases(draw: st.DrawFn) -> Case:
     else:
         boundary = draft_ratio(target, draft_probs, bt.draft, v)
     u = draw(_uniforms(g, t, boundary))
+    if synthetic:
+        _rate_on_first(draw, u, bt, rates)
     if no_draft_probs and not synthetic:
         # Aim at the first test of the random rows, which always runs: u == p, and u == p == 0 (a
         # draft of probability 0, accepted by the non-strict test).
