@@ -60,15 +60,23 @@ def _python_fn(obj: Any) -> Callable[..., Any] | None:
     return None
 
 
-def filled_by_heuristics(obj: Any) -> list[str]:
-    """Parameters a ``triton.heuristics`` wrapper (at any depth) fills from the launch's arguments."""
+def _wrappers(obj: Any) -> tuple[list[Any], Any]:
+    """Triton's ``heuristics`` / ``autotune`` wrappers around a kernel object, outermost first, and
+    what they wrap."""
     from triton.runtime.autotuner import Autotuner, Heuristics  # noqa: PLC0415
 
-    out: list[str] = []
+    out = []
     while isinstance(obj, (Autotuner, Heuristics)):
-        out += list(obj.values) if isinstance(obj, Heuristics) else []
+        out.append(obj)
         obj = obj.fn
-    return out
+    return out, obj
+
+
+def filled_by_heuristics(obj: Any) -> list[str]:
+    """Parameters a ``triton.heuristics`` wrapper (at any depth) fills from the launch's arguments."""
+    from triton.runtime.autotuner import Heuristics  # noqa: PLC0415
+
+    return [name for w in _wrappers(obj)[0] if isinstance(w, Heuristics) for name in w.values]
 
 
 def names_of(obj: Any) -> list[str] | None:
@@ -95,10 +103,7 @@ def defaults_of(obj: Any) -> dict[str, Any] | None:
 
 def constexprs_of(obj: Any) -> list[int] | None:
     """Indices of the constexpr parameters, where the kernel object exposes them."""
-    from triton.runtime.autotuner import Autotuner, Heuristics  # noqa: PLC0415
-
-    while isinstance(obj, (Autotuner, Heuristics)):
-        obj = obj.fn
+    obj = _wrappers(obj)[1]
     if hasattr(obj, "constexprs"):
         return sorted(obj.constexprs)
     params = getattr(obj, "params", None)
