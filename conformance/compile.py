@@ -52,12 +52,10 @@ def _jit(name: str) -> tuple[Any, list[tuple[str, Any]]]:
     from triton.runtime.jit import JITFunction
 
     from conformance.backends import BACKENDS
+    from conformance.signatures import triton_wrappers
 
-    fn = BACKENDS["triton"].resolve(kernels.get(name))
-    filled: list[tuple[str, Any]] = []
-    while isinstance(fn, Heuristics):
-        filled += list(fn.values.items())
-        fn = fn.fn
+    wrappers, fn = triton_wrappers(BACKENDS["triton"].resolve(kernels.get(name)))
+    filled = [item for w in wrappers if isinstance(w, Heuristics) for item in w.values.items()]
     if not isinstance(fn, JITFunction):
         raise RuntimeError(f"{name}: the triton backend's kernel is a {type(fn).__name__}, not a JITFunction "
                            "(TRITON_INTERPRET must be 0 before triton_impl is imported)")

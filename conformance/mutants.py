@@ -240,13 +240,12 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
     reports = s.dir / "reports"
     reports.mkdir(exist_ok=True)
     kernels = [a for k in m.kernels for a in ("--kernel", k)]
-    if name == "conformance" and seeds:
+    if name == "conformance" and seeds and len(seeds) > 1:
         # The profile's cases drawn from each seed in turn: killed only if every draw kills it.
-        results = [check(name, m, s, profile, [seed]) for seed in seeds] if len(seeds) > 1 else None
-        if results is not None:
-            missed = [seed for seed, r in zip(seeds, results) if not r.killed]
-            detail = f"killed under all {len(seeds)} seeds" if not missed else f"survived seeds {missed} of {seeds}"
-            return Result(name, not missed, sum(r.seconds for r in results), detail)
+        results = [check(name, m, s, profile, [seed]) for seed in seeds]
+        missed = [seed for seed, r in zip(seeds, results) if not r.killed]
+        detail = f"killed under all {len(seeds)} seeds" if not missed else f"survived seeds {missed} of {seeds}"
+        return Result(name, not missed, sum(r.seconds for r in results), detail)
     if name == "conformance":
         others = ["--backend", "triton", "--backend", "cpu"] if m.backend == "reference" else []
         report = reports / f"{m.id}.conformance.json"

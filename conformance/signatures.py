@@ -60,7 +60,7 @@ def _python_fn(obj: Any) -> Callable[..., Any] | None:
     return None
 
 
-def _wrappers(obj: Any) -> tuple[list[Any], Any]:
+def triton_wrappers(obj: Any) -> tuple[list[Any], Any]:
     """Triton's ``heuristics`` / ``autotune`` wrappers around a kernel object, outermost first, and
     what they wrap."""
     from triton.runtime.autotuner import Autotuner, Heuristics  # noqa: PLC0415
@@ -76,7 +76,7 @@ def filled_by_heuristics(obj: Any) -> list[str]:
     """Parameters a ``triton.heuristics`` wrapper (at any depth) fills from the launch's arguments."""
     from triton.runtime.autotuner import Heuristics  # noqa: PLC0415
 
-    return [name for w in _wrappers(obj)[0] if isinstance(w, Heuristics) for name in w.values]
+    return [name for w in triton_wrappers(obj)[0] if isinstance(w, Heuristics) for name in w.values]
 
 
 def names_of(obj: Any) -> list[str] | None:
@@ -103,7 +103,7 @@ def defaults_of(obj: Any) -> dict[str, Any] | None:
 
 def constexprs_of(obj: Any) -> list[int] | None:
     """Indices of the constexpr parameters, where the kernel object exposes them."""
-    obj = _wrappers(obj)[1]
+    obj = triton_wrappers(obj)[1]
     if hasattr(obj, "constexprs"):
         return sorted(obj.constexprs)
     params = getattr(obj, "params", None)
