@@ -8,7 +8,7 @@
     nox -s signatures    every backend's launch signature against its contract (-- --vllm: and vLLM's kernels)
     nox -s threads       the C++ port bit-identical at 1, 2, 3 and all OpenMP threads
     nox -s fuzz          malformed launches: clean TypeError/ValueError, nothing touched
-    nox -s mutants       the catalogue of planted faults (conformance/mutants.toml) and its kill matrix
+    nox -s mutants       the catalogue of planted faults (conformance/tools/mutants.toml) and its kill matrix
     nox -s nightly       every planted fault (C++ included), then conformance under the nightly profile
     nox -s sanitize      the C++ port under AddressSanitizer + UBSan: conformance, fuzz, threads (-- --sanitizer thread: TSan)
     nox -s compile       every Triton kernel compiled for sm_90 (no GPU): the type errors the interpreter misses
@@ -93,7 +93,8 @@ def package(session: nox.Session) -> None:
     wheel = next(p for p in os.listdir(out) if p.endswith(".whl"))
     session.install(f"{out}/{wheel}[test]", *CONSTRAINTS)
     session.chdir(out)  # nothing of the source tree is importable from here
-    session.run("python", "-c", "import conformance, cpu_impl._C; assert 'site-packages' in conformance.__file__, conformance.__file__")
+    session.run("python", "-c", "import compositions.sampler, conformance.tools.mutants, contracts, cpu_impl._C, reference; "
+                "assert 'site-packages' in contracts.__file__, contracts.__file__")
     session.run("specdiff", "list")
     session.run("specdiff", "run", "--kernel", "expand_kernel", "--kernel", "eagle_prepare_inputs_padded_kernel")
     for tool in ("signatures", "threads", "fuzz", "compile"):  # each works; their power is the tests' to show
@@ -257,7 +258,7 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def mutants(session: nox.Session) -> None:
-    """Each catalogued fault (conformance/mutants.toml) against the harness; fails if one survives.
+    """Each catalogued fault (conformance/tools/mutants.toml) against the harness; fails if one survives.
 
     nox -s mutants                      every fault, checks in order until the first kill
     nox -s mutants -- --all-checks      every check on every fault: the full kill matrix

@@ -72,10 +72,10 @@ def async_args(b: int) -> dict[str, Any]:
 
 
 def measure(kernel: str, b: int, backends: list[str], reps: int) -> dict[str, Any]:
-    from conformance import kernels
+    import contracts
     from conformance.runner import _bits, _copy_args
 
-    spec = kernels.get(kernel)
+    spec = contracts.get(kernel)
     host = fly_args(kernel, b) if kernel != K21 else async_args(b)
     name = INOUT[kernel]
     want = _copy_args(host, "cpu")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import capture_launches  # noqa: E402
 from test_bench_mrv2 import batch  # noqa: E402
 
-import conformance.compositions as compositions  # noqa: E402
+import compositions.sampler as compositions  # noqa: E402
 from conformance import kernels  # noqa: E402
 from conformance.backends import BACKENDS, resolve_kernel  # noqa: E402
 from conformance.runner import _bits, _copy_args  # noqa: E402

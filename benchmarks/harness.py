@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import torch
 
-from conformance import kernels
+import contracts
 from conformance.backends import BACKENDS, ORACLE
-from conformance.contract import KernelSpec, Role
 from conformance.runner import _bits, _copy_args, poison_value
+from contracts.spec import KernelSpec, Role
 
 # Time one benchmark may take (its warm-up, then the timed rounds), by sweep.
 BUDGET_S = {"quick": 1.0, "full": 2.0}
@@ -228,7 +228,7 @@ class Case:
 
     @property
     def spec(self) -> KernelSpec:
-        return kernels.get(self.kernel)
+        return contracts.get(self.kernel)
 
 
 def tensor_bytes(args: dict[str, Any]) -> int:
@@ -272,7 +272,7 @@ def gpu_backends(spec: KernelSpec) -> list[str]:
 
 def backends_for(kernel: str) -> list[str]:
     """The backends a kernel is benchmarked on: the C++ port, the oracle, and compiled Triton on a GPU."""
-    return ["cpu", ORACLE] + gpu_backends(kernels.get(kernel))
+    return ["cpu", ORACLE] + gpu_backends(contracts.get(kernel))
 
 
 def gate_mark(backend: str) -> tuple[Any, ...]:
@@ -292,8 +292,8 @@ class Launch:
 
 
 def capture_launches(run: Callable[[], Any]) -> list[Launch]:
-    """Every launch ``run`` makes through ``conformance.compositions.launch``, in order."""
-    import conformance.compositions as compositions
+    """Every launch ``run`` makes through ``compositions.sampler.launch``, in order."""
+    import compositions.sampler as compositions
 
     seen: list[Launch] = []
     real = compositions.launch
@@ -301,7 +301,7 @@ def capture_launches(run: Callable[[], Any]) -> list[Launch]:
     def keep(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
         before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
         real(backend, kernel, grid, **args)
-        outs = {p.name: args[p.name].clone() for p in kernels.get(kernel).outputs if isinstance(args[p.name], torch.Tensor)}
+        outs = {p.name: args[p.name].clone() for p in contracts.get(kernel).outputs if isinstance(args[p.name], torch.Tensor)}
         seen.append(Launch(kernel, grid, before, outs))
 
     compositions.launch = keep

@@ -1,4 +1,4 @@
-"""Benchmarks of the EAGLE input-preparation kernels (spec §2.6, §2.7): small per-request kernels
+"""Benchmarks of the EAGLE input-preparation kernels (docs/spec.md §2.6, §2.7): small per-request kernels
 whose cost is the launch, measured against the 10x-over-the-oracle target at 256 requests.
 
     test_small  eagle_prepare_inputs_padded_kernel (K6) and eagle_prepare_next_token_padded_kernel

@@ -45,9 +45,9 @@ from harness import (
 from test_bench_eagle import prepare_inputs_case, prepare_next_token_case
 from test_bench_rejection import VOCABS, expand_case, greedy_case, random_case, recovered_case
 
-from conformance import kernels
+import contracts
 from conformance.backends import BACKENDS
-from conformance.kernels.slot_mapping import COMPUTE_SLOT_MAPPING
+from contracts.slot_mapping import COMPUTE_SLOT_MAPPING
 
 I32, I64 = torch.int32, torch.int64
 V = VOCABS["152k"]
@@ -114,7 +114,7 @@ def copy_expand_case(b: int, n: int) -> Case:
         total_input_tokens=n_in, num_padding_slots_per_request=1, shift_input_ids=True,
         BLOCK_SIZE_TOKENS=1 << (w - 1).bit_length(),
     )
-    spec = kernels.get("copy_and_expand_eagle_inputs_kernel")
+    spec = contracts.get("copy_and_expand_eagle_inputs_kernel")
     return Case(spec.name, args, spec.grid(args), dict(B=b, N=n, V=0, dtype="i32"))
 
 
@@ -134,7 +134,7 @@ def dflash_case(b: int, n: int) -> Case:
         parallel_drafting_token_id=V - 1, block_size=BLOCK, num_query_per_req=q, num_speculative_tokens=n, total_input_tokens=t,
         BLOCK_SIZE=min(256, 1 << (w + q - 1).bit_length()), HAS_NUM_REJECTED=False,
     )
-    spec = kernels.get("copy_and_expand_dflash_inputs_kernel")
+    spec = contracts.get("copy_and_expand_dflash_inputs_kernel")
     return Case(spec.name, args, spec.grid(args), dict(B=b, N=n, V=0, dtype="i32"))
 
 

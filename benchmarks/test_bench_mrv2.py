@@ -30,8 +30,8 @@ from harness import (
     timed,
 )
 
-import conformance.compositions as compositions
-from conformance.compositions import SamplingMetadata, mrv2_rejection_sample, rejection_sample
+import compositions.sampler as compositions
+from compositions.sampler import SamplingMetadata, mrv2_rejection_sample, rejection_sample
 
 V = 151936
 N = 4

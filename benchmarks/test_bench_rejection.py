@@ -1,4 +1,4 @@
-"""Benchmarks of the rejection-sampler family (spec §2.1–§2.4, §3.1).
+"""Benchmarks of the rejection-sampler family (docs/spec.md §2.1–§2.4, §3.1).
 
 The C++ port (``cpu``) against the PyTorch oracle (``reference``) on the CPU, and compiled Triton
 (every ``triton*`` backend) on a GPU when one is present. Sizes follow vLLM's shapes: ``B``
@@ -39,7 +39,7 @@ from harness import (
     timed,
 )
 
-from conformance.compositions import SamplingMetadata, rejection_sample
+from compositions.sampler import SamplingMetadata, rejection_sample
 
 VOCABS = {"32k": 32000, "128k": 128256, "152k": 151936, "256k": 256000}
 REQUESTS = (1, 8, 64, 256, 1024)

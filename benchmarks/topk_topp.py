@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conformance import engine  # noqa: E402
-from conformance.kernels import topk_topp as contracts  # noqa: E402
+from contracts import topk_topp as contracts  # noqa: E402
 from cpu_impl.topk_topp import _topk_topp_kernel as port  # noqa: E402
 
 V = 151_936

@@ -13,10 +13,10 @@ from pathlib import Path
 
 def kernel_name(value: str) -> str:
     """A kernel of the contract (``--kernel``)."""
-    from conformance import kernels
+    import contracts
 
-    if value not in kernels.SPECS:
-        raise argparse.ArgumentTypeError(f"unknown kernel {value!r}; known: {', '.join(kernels.SPECS)}")
+    if value not in contracts.SPECS:
+        raise argparse.ArgumentTypeError(f"unknown kernel {value!r}; known: {', '.join(contracts.SPECS)}")
     return value
 
 

@@ -10,13 +10,16 @@ group, without editing this file.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.contract import KernelSpec
+import torch
+
+from contracts.spec import KernelSpec
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Backend:
     # ``base``; conformance checks only the kernels it implements itself.
     base: str | None = None
     # Refuses out-of-contract launches with TypeError/ValueError before touching memory (§1.12);
-    # the malformed-input fuzz (conformance/fuzz.py) holds every such backend to it.
+    # the malformed-input fuzz (conformance/tools/fuzz.py) holds every such backend to it.
     validates: bool = False
     # The engine under test (vLLM's own kernels): run only when asked for, and its disagreements
     # are findings about the engine (conformance/findings.py).
@@ -111,6 +114,24 @@ def _from_family(package: str) -> Callable[[KernelSpec], Any]:
     return resolve
 
 
+def _checked_oracle(spec: KernelSpec) -> Any:
+    """The oracle's function for ``spec``, behind the contract's check: the oracle states semantics
+    for launches inside the contract, and the harness applies the contract before it runs (on the
+    CPU or the GPU, whichever holds the tensors: the oracle is plain PyTorch)."""
+    fn = _from_family("reference")(spec)
+    if fn is None:
+        return None
+
+    @functools.wraps(fn)
+    def oracle(*args: Any, **kwargs: Any) -> Any:
+        a = spec.bind(args, kwargs)  # as a launch binds: options dropped, unread placeholders set aside
+        cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in a.values())
+        spec.check(a, device="cuda" if cuda else "cpu")
+        return fn(**a)
+
+    return oracle
+
+
 def _triton_mode() -> str:
     import triton_impl
 
@@ -139,7 +160,7 @@ def _cpu_unavailable() -> str | None:
     return None
 
 
-register_backend(Backend(ORACLE, _from_family("reference"), lambda: "cpu", lambda: "oracle", gridless=True, validates=True))
+register_backend(Backend(ORACLE, _checked_oracle, lambda: "cpu", lambda: "oracle", gridless=True, validates=True))
 register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable, triton=True))
 register_backend(Backend("cpu", _from_family("cpu_impl"), lambda: "cpu", lambda: "native", _cpu_unavailable, validates=True))
 

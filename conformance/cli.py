@@ -25,7 +25,8 @@ from typing import Any
 import hypothesis
 from hypothesis import Phase, given, settings
 
-from conformance import engine, kernels, runner
+import contracts
+from conformance import engine, runner
 from conformance import findings as findings_mod
 from conformance.arguments import backend_name, input_file, kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
@@ -129,7 +130,7 @@ def check_kernel(
 
 
 def _available(spec_name: str, wanted: list[str], asked: set[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    spec = kernels.get(spec_name)
+    spec = contracts.get(spec_name)
     runnable, skipped = [], {}
     for b in wanted:
         backend = BACKENDS[b]
@@ -181,7 +182,7 @@ def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
     backends = asked or [b for b, be in BACKENDS.items() if b in BUILT_IN or (not be.engine and be.unavailable() is None)]
     if ORACLE not in backends:
         backends.insert(0, ORACLE)
-    return ns.kernel or list(kernels.SPECS), backends
+    return ns.kernel or list(contracts.SPECS), backends
 
 
 def _check_run(ns: argparse.Namespace) -> None:
@@ -411,7 +412,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
     if ns.vllm:
         engine.use(ns.vllm)
     usable = [b for b, be in BACKENDS.items() if be.unavailable() is None]
-    for name, spec in kernels.SPECS.items():
+    for name, spec in contracts.SPECS.items():
         have = [b for b in usable if BACKENDS[b].resolve(spec) is not None]
         print(f"{name:<45} {spec.family:<14} {', '.join(have)}")
     for b in BACKENDS:
@@ -462,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--vllm", metavar="VERSION|PATH", help="include vLLM's own kernels and CPU port from here")
     listing.set_defaults(func=cmd_list)
     for tool in TOOLS:  # show, and the harness's checks of itself: each module adds its own subcommand
-        module = importlib.import_module(f"conformance.{tool}")
+        module = importlib.import_module(f"conformance.tools.{tool}")
         module.add_parser(sub)
         sub.choices[tool].description, sub.choices[tool].formatter_class = plain(module.__doc__), raw
     ns = parser.parse_args(argv)

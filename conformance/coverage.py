@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from conformance.contract import counts
-from conformance.kernels import fly, mrv2, rejection, topk_topp
-from conformance.kernels._checks import flat_view
-from conformance.kernels.eagle import K5, K6, K7
-from conformance.kernels.slot_mapping import K10
 from conformance.runner import poison_value
+from contracts import fly, mrv2, rejection, topk_topp
+from contracts._checks import flat_view
+from contracts.eagle import K5, K6, K7
+from contracts.slot_mapping import K10
+from contracts.spec import counts
 
 Args = Mapping[str, Any]
 Outputs = Mapping[str, torch.Tensor]
@@ -396,7 +396,7 @@ CLASSES: tuple[StateClass, ...] = (
 # -- hazards: rules the contract keeps because the engine behaves so ---------------------------------
 def _slots_past_row(kernel: str, a: Args, out: Outputs) -> int:
     """K10 local tokens whose virtual block index runs past their block-table row into the next (C22)."""
-    from conformance.kernels.slot_mapping import _tokens, local_slots
+    from contracts.slot_mapping import _tokens, local_slots
 
     table = a["block_table_ptr"]
     _, tokens = _tokens(a)

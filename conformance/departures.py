@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from conformance.contract import counts, starts
+from contracts.spec import counts, starts
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _ratio_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
 def _fly_ratio_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
     """K20's uniform cell ``index`` is decided by K2's test at it and in its window; one of those
     ratios lies near its uniform."""
-    from conformance.kernels.fly import request_of
+    from contracts.fly import request_of
 
     _, start, n = request_of(a, index)
     return any(_near_ratio(a, t) for t in range(index, min(index + a["FLY_WINDOW_SIZE"], start + n - 1) + 1))
@@ -83,7 +83,7 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
     """K16's request (of ``index``) has a draft whose acceptance test compares a C29 quantity within
     1e-5 (relative, at least absolute) of its threshold: the strict log-ratio test ``log p(d)`` against
     ``log u + log q(d)``, or block verification's ``u <= h``. Greedy and synthetic decisions are exact."""
-    from conformance.kernels import mrv2
+    from contracts import mrv2, numerics
     from reference import gumbel
     from reference import mrv2 as oracle
 
@@ -100,7 +100,7 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
         block = a["USE_BLOCK_VERIFICATION"]
         u = gumbel.tl_rand32(gumbel.spec_step_seed(seed, i) if block else seed, a["pos_ptr"][row], includes_zero=False)
         if block:
-            ratio = gumbel.exp32(a["cumulative_log_p_ptr"][row])
+            ratio = numerics.exp32(a["cumulative_log_p_ptr"][row])
             nxt = int(tokens[row + 2]) if i < q.drafts - 1 else -1
             if nxt >= 0:
                 mass = oracle._residual_mass(dict(a), row + 1, nxt, ratio, nb)
@@ -109,7 +109,7 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
                 value, threshold = u, ratio
         else:
             lp, lq, _, _ = oracle._log_probs(dict(a), row, q.slot, i, d, t, nb)
-            value, threshold = lp, gumbel.log32(u) + lq
+            value, threshold = lp, numerics.log32(u) + lq
         value, threshold = float(value), float(threshold)
         if math.isfinite(value) and math.isfinite(threshold) and abs(value - threshold) <= 1e-5 * max(1.0, abs(threshold)):
             return True
@@ -118,7 +118,7 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
 
 def _resample_tile(a: Mapping[str, Any], output: str, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The oracle's scores (and residual ratios q/p, or None) of the K17 tile holding cell ``index``."""
-    from conformance.kernels import mrv2
+    from contracts import mrv2
     from reference import mrv2 as oracle
 
     r, b = divmod(index, max(a[output.removesuffix("_ptr") + "_stride"], 1))

@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from conformance import cli, kernels
+import contracts
+from conformance import cli
 from conformance.backends import ORACLE
 from conformance.profiles import chosen
 from conformance.runner import Case
@@ -42,7 +43,7 @@ def params(backends: Sequence[str]) -> list[Any]:
     oracle aside) that runs it here; a backend that is unavailable, or lacks a kernel it should have,
     is a skipped or failing test that says so."""
     out = []
-    for name in kernels.SPECS:
+    for name in contracts.SPECS:
         runnable, skipped = cli._available(name, [ORACLE, *backends], set())
         for b in backends:
             if b == ORACLE:
@@ -119,7 +120,7 @@ class _Gather:
             return
         table: dict[str, dict[str, dict[str, Any]]] = {}
         coverage: dict[str, Any] = {}
-        for r in sorted(self.results, key=lambda r: list(kernels.SPECS).index(r["kernel"])):
+        for r in sorted(self.results, key=lambda r: list(contracts.SPECS).index(r["kernel"])):
             table.setdefault(r["kernel"], {}).update(r["backends"])
             if r["coverage"] is not None:
                 coverage[r["kernel"]] = r["coverage"]

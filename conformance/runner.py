@@ -9,6 +9,7 @@ divergent cell with the inputs that decided it, and a command that replays the s
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -28,9 +29,10 @@ import safetensors.torch
 import torch
 from safetensors import safe_open
 
-from conformance import departures, kernels
+import contracts
+from conformance import departures
 from conformance.backends import BACKENDS, ORACLE, Backend
-from conformance.contract import KernelSpec, Kind, Role
+from contracts.spec import KernelSpec, Kind, Role
 
 # The interpreter evaluates masked-off lanes too (a division by a zero q that is never used).
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
@@ -57,7 +59,7 @@ class Case:
 
     @property
     def spec(self) -> KernelSpec:
-        return kernels.get(self.kernel)
+        return contracts.get(self.kernel)
 
     def launch_grid(self) -> tuple[int, ...]:
         return self.grid if self.grid is not None else tuple(self.spec.grid(self.args))
@@ -327,12 +329,20 @@ def describe(case: Case, outcomes: dict[str, Outcome], odd: list[str], agree: li
             lines.append(f"  output '{name}' first differs at flat element {i}: {values}  (poison {poison!r})")
             if spec.explain is not None:
                 try:
-                    why = spec.explain(case.args, name, i)
+                    why = _explainer(spec)(case.args, name, i)
                 except Exception as e:  # never let the explanation hide the failure
                     why = f"(could not explain: {e})"
                 lines.extend("  " + line for line in why.splitlines())
             break
     return "\n".join(lines)
+
+
+def _explainer(spec: KernelSpec) -> Any:
+    """The contract's explanation of an output cell: its function, or the oracle function it names."""
+    if not isinstance(spec.explain, str):
+        return spec.explain
+    module, _, name = spec.explain.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _refused(error: str | None) -> bool:
@@ -522,7 +532,7 @@ def _case_from(doc: Any, blobs: dict[str, torch.Tensor]) -> Case:
     for key, kind in (("kernel", str), ("positional", bool), ("note", str), ("meta", dict), ("args", dict)):
         if not isinstance(doc.get(key), kind):
             raise ValueError(f"{key!r} must be a {kind.__name__}")
-    kernels.get(doc["kernel"])  # an unknown kernel is a KeyError listing the known ones
+    contracts.get(doc["kernel"])  # an unknown kernel is a KeyError listing the known ones
     grid = doc.get("grid")
     if grid is not None and not (isinstance(grid, list) and 1 <= len(grid) <= 3 and all(_is_int(g, 0, _EXTENT) for g in grid)):
         raise ValueError("'grid' must be null or a list of one to three non-negative ints")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conformance.kernels import async_update as contracts
+from contracts import async_update as contract
 from cpu_impl.launcher import CpuKernel
 
-update_num_computed_tokens_for_batch_change = CpuKernel(contracts.UPDATE)
+update_num_computed_tokens_for_batch_change = CpuKernel(contract.UPDATE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conformance.kernels import dflash as contracts
+from contracts import dflash as contract
 from cpu_impl.launcher import CpuKernel
 
-copy_and_expand_dflash_inputs_kernel = CpuKernel(contracts.COPY_AND_EXPAND_DFLASH_INPUTS)
+copy_and_expand_dflash_inputs_kernel = CpuKernel(contract.COPY_AND_EXPAND_DFLASH_INPUTS)

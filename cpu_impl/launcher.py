@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from conformance.contract import Args, KernelSpec, Kind
+from contracts.spec import Args, KernelSpec, Kind
 from cpu_impl import _C
 
 # Must match csrc/common.h.
@@ -50,7 +50,7 @@ def vocab_columns(spec: KernelSpec, *names: str) -> Callable[[Args], None]:
 
 
 class CpuKernel:
-    """A drop-in for ``kernel[grid](...)`` and ``kernel(...)`` (spec §1.9, §1.11, C28).
+    """A drop-in for ``kernel[grid](...)`` and ``kernel(...)`` (docs/spec.md §1.9, §1.11, C28).
 
     ``check`` adds value checks the C++ side cannot make (it sees element counts, not shapes);
     ``entry`` replaces the C++ entry point (tests plant broken launchers with it). Introspectable:

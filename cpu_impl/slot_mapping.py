@@ -6,10 +6,10 @@ vLLM registers overrides of this kernel as ``vllm.v1.worker.block_table.ComputeS
 
 from __future__ import annotations
 
-from conformance.kernels import slot_mapping as contracts
+from contracts import slot_mapping as contract
 from cpu_impl.launcher import CpuKernel
 
-compute_slot_mapping_kernel = CpuKernel(contracts.COMPUTE_SLOT_MAPPING)
+compute_slot_mapping_kernel = CpuKernel(contract.COMPUTE_SLOT_MAPPING)
 
 
 class ComputeSlotMappingKernel:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.kernels import dflash, eagle, rejection, slot_mapping
+from contracts import dflash, eagle, rejection, slot_mapping
 
 # The kernels vLLM 0.33.0's CpuPlatform overrides (vllm/platforms/cpu.py:711-742), all of which
 # specdiff ports; their contracts hold the qualnames the registry resolves.

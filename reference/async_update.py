@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from conformance.kernels import async_update as contracts
-
 
 def update_num_computed_tokens_for_batch_change(
     num_computed_tokens: torch.Tensor,
@@ -24,7 +22,6 @@ def update_num_computed_tokens_for_batch_change(
     prev_num_draft_tokens: torch.Tensor,
     cpu_num_computed_tokens: torch.Tensor,
 ) -> None:
-    contracts.UPDATE.check(locals())
     n = prev_positions.numel()
     prev = prev_positions.to(torch.int64)
     old = prev >= 0

@@ -1,4 +1,4 @@
-"""The PyTorch oracle of the DFlash input-preparation kernel (spec §2.9, contract C23).
+"""The PyTorch oracle of the DFlash input-preparation kernel (docs/spec.md §2.9, contract C23).
 
 Written to be read as the specification: context tokens keep their positions and get slots;
 each request's Q query tokens continue from its last accepted context position. Values are
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.kernels import dflash as contracts
-from conformance.kernels._checks import flat_view
+from contracts._checks import flat_view
 
 I64 = torch.int64
 
@@ -37,7 +36,6 @@ def copy_and_expand_dflash_inputs_kernel(
     HAS_NUM_REJECTED: bool = False,
 ) -> None:
     # BLOCK_SIZE only tiles the Triton kernel's tokens; results never depend on it.
-    contracts.COPY_AND_EXPAND_DFLASH_INPUTS.check(locals())
     Q, K = num_query_per_req, num_speculative_tokens
     query_start = query_start_loc_ptr.tolist()
     b = len(query_start) - 1

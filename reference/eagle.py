@@ -1,7 +1,7 @@
 """The PyTorch oracle of the EAGLE input-preparation kernels: the readable specification.
 
 Each function has the vLLM kernel's name, parameters and order, runs on CPU tensors and
-writes the caller's buffers in place, in their own dtype. Semantics follow spec §2.5–§2.8
+writes the caller's buffers in place, in their own dtype. Semantics follow docs/spec.md §2.5–§2.8
 and the contract decisions C19–C21 and C24. Values are computed in int64 (every offset and
 product exact, C4) and narrowed only by the store into the caller's buffer.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contract import counts
-from conformance.kernels import eagle as contracts
-from conformance.kernels._checks import flat_view
+from contracts._checks import flat_view
+from contracts.spec import counts
 
 I64 = torch.int64
 
@@ -30,7 +29,6 @@ def eagle_step_slot_mapping_metadata_kernel(
     PAD_ID: int,
     batch_size: int,
 ) -> None:
-    contracts.EAGLE_STEP_SLOT_MAPPING_METADATA.check(locals())
     b = batch_size
     # Every position is read before anything is written: positions may alias
     # out_clamped_positions (C21).
@@ -58,7 +56,6 @@ def eagle_prepare_inputs_padded_kernel(
     num_rejected_tokens_gpu_ptr: torch.Tensor,
     num_reqs: int,
 ) -> None:
-    contracts.EAGLE_PREPARE_INPUTS_PADDED.check(locals())
     n = num_reqs
     num_drafts = counts(cu_num_draft_tokens_ptr[:n])  # cu is inclusive; cu[-1] is never read (C1)
     valid = valid_sampled_tokens_count_ptr[:n].to(I64)
@@ -82,7 +79,6 @@ def eagle_prepare_next_token_padded_kernel(
     BLOCK_SIZE_TOKENS: int,
 ) -> None:
     # BLOCK_SIZE_TOKENS only tiles the Triton kernel's row; it is >= W, so the whole row counts.
-    contracts.EAGLE_PREPARE_NEXT_TOKEN_PADDED.check(locals())
     sampled = flat_view(sampled_token_ids_ptr).tolist()
     discard = discard_request_mask_ptr.tolist()
     backup = backup_next_token_ids_ptr.tolist()
@@ -123,7 +119,6 @@ def copy_and_expand_eagle_inputs_kernel(
     BLOCK_SIZE_TOKENS: int,
 ) -> None:
     # total_input_tokens only bounds the Triton kernel's masked reads; BLOCK_SIZE_TOKENS tiles them.
-    contracts.COPY_AND_EXPAND_EAGLE_INPUTS.check(locals())
     P = num_padding_slots_per_request
     query_end = query_end_loc_ptr.tolist()
     query_start = query_start_loc_ptr[: len(query_end) + 1].tolist()

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contract import counts, starts
-from conformance.kernels import fly as contracts
+from contracts.spec import counts, starts
 
 
 def _positions(cu: torch.Tensor, rows: list[bool] | None) -> list[tuple[int, int]]:
@@ -44,7 +43,6 @@ def apply_fly_greedy_acceptance_kernel(
     fly_entropy_threshold: float,
     FLY_WINDOW_SIZE: int,
 ) -> None:
-    contracts.APPLY_FLY_GREEDY.check(locals())
     cu = cu_num_draft_tokens_ptr
     t_all = int(cu[-1]) if cu.numel() else 0
     v = vocab_size
@@ -77,7 +75,6 @@ def apply_fly_random_acceptance_kernel(
     NO_DRAFT_PROBS: bool,
     FLY_WINDOW_SIZE: int,
 ) -> None:
-    contracts.APPLY_FLY_RANDOM.check(locals())
     cu = cu_num_draft_tokens_ptr
     t_all = int(cu[-1]) if cu.numel() else 0
     draft = draft_token_ids_ptr[:t_all].to(torch.int64)

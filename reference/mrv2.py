@@ -1,4 +1,4 @@
-"""The PyTorch oracle of Model Runner V2's rejection-sampler kernels (conformance/kernels/mrv2.py)."""
+"""The PyTorch oracle of Model Runner V2's rejection-sampler kernels (contracts/mrv2.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from conformance.kernels import mrv2 as contracts
-from conformance.kernels._checks import flat_view
+from contracts import mrv2 as contract
+from contracts import numerics
+from contracts._checks import flat_view
 from reference import gumbel
 
 I64, F32 = torch.int64, torch.float32
@@ -26,7 +27,6 @@ def _gather_draft_sampled_kernel(
     BLOCK_SIZE: int,
 ) -> None:
     # BLOCK_SIZE only tiles the Triton kernel's rows; results never depend on it.
-    contracts.GATHER_DRAFT_SAMPLED.check(locals())
     n = num_logits
     token = logits_indices_ptr[:n].to(I64)
     pos = positions_ptr.to(I64)[token]
@@ -46,7 +46,6 @@ def _flatten_sampled_kernel(
     num_sampled_ptr: torch.Tensor,
     cu_num_logits_ptr: torch.Tensor,
 ) -> None:
-    contracts.FLATTEN_SAMPLED.check(locals())
     cu = cu_num_logits_ptr.tolist()
     sampled = flat_view(sampled_ptr)
     for r in range(len(cu) - 1):
@@ -89,7 +88,6 @@ def _compute_local_logits_stats_kernel(
     HAS_DRAFT_LOGITS: bool,
 ) -> None:
     a = locals()
-    contracts.LOGITS_STATS.check(a)
     if vocab_size == 0:
         return
     v, block = vocab_size, BLOCK_SIZE
@@ -102,7 +100,7 @@ def _compute_local_logits_stats_kernel(
         at = i * a[f"{name}_stride"]
         out[name][at : at + nb] = values.to(out[name].dtype)
 
-    for i in contracts.stats_rows(a).tolist():
+    for i in contract.stats_rows(a).tolist():
         s = int(expanded_idx_mapping_ptr[i])
         t = temp_ptr[s].to(F32)
         x = _tiles(target[i * target_logits_stride :], v, block)
@@ -112,13 +110,13 @@ def _compute_local_logits_stats_kernel(
             store("target_local_argmax", i, torch.arange(nb) * block + j)
             store("target_local_max", i, x.gather(1, j[:, None])[:, 0])
             continue
-        m, se = gumbel.max_and_sumexp(x)
+        m, se = numerics.max_and_sumexp(x)
         store("target_local_max", i, m)
         store("target_local_sumexp", i, se)
         if HAS_DRAFT_LOGITS:
             at = s * draft_logits_stride_0 + int(expanded_local_pos_ptr[i]) * draft_logits_stride_1
             d = _tiles(draft_logits_ptr.reshape(-1)[at:], v, block) / t + 0.0  # rounded once; -0.0 as +0.0 (C30)
-            m, se = gumbel.max_and_sumexp(d)
+            m, se = numerics.max_and_sumexp(d)
             store("draft_local_max", i, m)
             store("draft_local_sumexp", i, se)
 
@@ -138,11 +136,10 @@ def _insert_resampled_kernel(
     PADDED_RESAMPLE_NUM_BLOCKS: int,
 ) -> None:
     a = locals()
-    contracts.INSERT_RESAMPLED.check(a)
     nb = resample_num_blocks
     maxes, argmax = resampled_local_max_ptr.reshape(-1), resampled_local_argmax_ptr.reshape(-1)
     flat = sampled_ptr.view(-1)
-    for r, k, writes in contracts.insert_rows(a):
+    for r, k, writes in contract.insert_rows(a):
         if writes:
             m = maxes[r * resampled_local_max_stride :][:nb]
             m = torch.where(m.isnan(), float("-inf"), m)  # NaN never wins
@@ -156,8 +153,8 @@ def _log_probs(a: dict, row: int, slot: int, step: int, token: int, t: torch.Ten
     """(log p, log q, target LSE, draft LSE) of ``token`` at logits row ``row`` (draft step ``step`` of
     ``slot``): each logit minus its row's C29 log-sum-exp. One-hot drafts have log q = 0 and a draft
     LSE of 0; a placeholder (``token < 0``) reads no logit: log p = log q = -inf."""
-    lse_t = contracts.row_logsumexp(a, "target", row, nb)
-    lse_d = contracts.row_logsumexp(a, "draft", row, nb) if a["draft_logits_ptr"] is not None else torch.zeros((), dtype=F32)
+    lse_t = contract.row_logsumexp(a, "target", row, nb)
+    lse_d = contract.row_logsumexp(a, "draft", row, nb) if a["draft_logits_ptr"] is not None else torch.zeros((), dtype=F32)
     if token < 0:
         return torch.tensor(-math.inf), torch.tensor(-math.inf), lse_t, lse_d
     lp = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32) - lse_t
@@ -191,10 +188,9 @@ def _compute_cumulative_log_p_kernel(
     HAS_DRAFT_LOGITS: bool,
 ) -> None:
     a = locals()
-    contracts.CUMULATIVE_LOG_P.check(a)
     cu = cu_num_logits_ptr.to(I64).tolist()
     log_p, request = torch.zeros((), dtype=F32), -1
-    for r, s, i, d in contracts.cumulative_steps(a):
+    for r, s, i, d in contract.cumulative_steps(a):
         if r != request:
             log_p, request = torch.zeros((), dtype=F32), r  # p_0 = 1
         if d >= 0:  # a placeholder carries the previous value
@@ -232,23 +228,22 @@ def _compute_local_residual_mass_kernel(
     PADDED_VOCAB_NUM_BLOCKS: int,
 ) -> None:
     a = locals()
-    contracts.LOCAL_RESIDUAL_MASS.check(a)
     v, nb = vocab_size, vocab_num_blocks
     out = local_residual_mass_ptr.view(-1)
-    for i in contracts.residual_rows(a):
+    for i in contract.residual_rows(a):
         s, step = int(expanded_idx_mapping_ptr[i]), int(expanded_local_pos_ptr[i])
         t = temp_ptr[s].to(F32)
         # The mass the block-verification residual keeps at this step: sum over x of
         # max(p_prev * p(x) - q(x), 0), p_prev the joint ratio before this step.
-        p_prev = gumbel.exp32(cumulative_log_p_ptr[i - 1])
-        m_b = gumbel.exp32(_tiles(target_logits_ptr.reshape(-1)[i * target_logits_stride :], v, BLOCK_SIZE)
-                           - contracts.row_logsumexp(a, "target", i, nb))
+        p_prev = numerics.exp32(cumulative_log_p_ptr[i - 1])
+        m_b = numerics.exp32(_tiles(target_logits_ptr.reshape(-1)[i * target_logits_stride :], v, BLOCK_SIZE)
+                           - contract.row_logsumexp(a, "target", i, nb))
         at = s * draft_logits_stride_0 + step * draft_logits_stride_1
         d = _tiles(draft_logits_ptr.reshape(-1)[at:], v, BLOCK_SIZE) / t
-        m_s = gumbel.exp32(d - contracts.row_logsumexp(a, "draft", i, nb))
-        terms = torch.clamp_min(gumbel.fma32(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
+        m_s = numerics.exp32(d - contract.row_logsumexp(a, "draft", i, nb))
+        terms = torch.clamp_min(numerics.fma32(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
         at = i * local_residual_mass_stride
-        out[at : at + nb] = gumbel.exact_sum(terms)
+        out[at : at + nb] = numerics.exact_sum(terms)
 
 
 def _global_argmax(a: dict, row: int, nb: int) -> int:
@@ -269,7 +264,7 @@ def _residual_mass(a: dict, row: int, token: int, ratio: torch.Tensor, nb: int) 
             total = total + x
         return total.to(F32)
     x = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32)
-    m_b = gumbel.exp32(x - contracts.row_logsumexp(a, "target", row, nb))
+    m_b = numerics.exp32(x - contract.row_logsumexp(a, "target", row, nb))
     return ratio * (1.0 - m_b)
 
 
@@ -314,13 +309,12 @@ def _rejection_kernel(
     FLY_WINDOW_SIZE: int,
 ) -> None:
     a = locals()
-    contracts.REJECTION.check(a)
     nb, fly, block = vocab_num_blocks, FLY_WINDOW_SIZE, USE_BLOCK_VERIFICATION
     zero = torch.zeros((), dtype=F32)
     threshold = torch.tensor(fly_entropy_threshold, dtype=F32)  # passed as float32
     tokens = draft_sampled_ptr.to(I64)
     sampled = sampled_ptr.view(-1)
-    for q in contracts.requests(a):
+    for q in contract.requests(a):
         t = torch.tensor(q.temp, dtype=F32)
         seed = seed_ptr[q.slot]
         accepted_length, pending, rejected_argmax = 0, -1, 0
@@ -345,7 +339,7 @@ def _rejection_kernel(
                     x = target_logits_ptr.reshape(-1)[row * target_logits_stride + d] if valid else -math.inf
                     can_defer = valid and float(x) > -math.inf
             elif block:
-                ratio = gumbel.exp32(cumulative_log_p_ptr[row])  # the joint ratio after this step
+                ratio = numerics.exp32(cumulative_log_p_ptr[row])  # the joint ratio after this step
                 nxt = int(tokens[row + 2]) if i < q.drafts - 1 else -1
                 if nxt >= 0:
                     mass = _residual_mass(a, row + 1, nxt, ratio, nb)
@@ -365,7 +359,7 @@ def _rejection_kernel(
                     accepted = bool(u < synthetic_conditional_rates_ptr[i])
                 else:
                     # p(d) > u * q(d), strictly, in the log domain: log p > log u + log q.
-                    accepted = bool(lp > gumbel.log32(u) + lq)
+                    accepted = bool(lp > numerics.log32(u) + lq)
                 if fly:
                     accepted = accepted and valid
                     can_defer = valid and bool(lp > -math.inf) and bool(lq > -math.inf)
@@ -395,9 +389,9 @@ def _rejection_kernel(
         rejected_steps_ptr[q.index] = accepted_length
         if block and not q.greedy and accepted_length < q.drafts:
             rejected = q.start + accepted_length
-            target_lse = contracts.row_logsumexp(a, "target", rejected, nb)
+            target_lse = contract.row_logsumexp(a, "target", rejected, nb)
             if HAS_DRAFT_LOGITS:
-                draft_lse = contracts.row_logsumexp(a, "draft", rejected, nb)
+                draft_lse = contract.row_logsumexp(a, "draft", rejected, nb)
         target_rejected_logsumexp_ptr[q.index] = target_lse
         draft_rejected_logsumexp_ptr[q.index] = draft_lse
 
@@ -438,9 +432,8 @@ def _resample_kernel(
     DEDUPLICATE_CONTEXTS: bool,
 ) -> None:
     a = locals()
-    contracts.RESAMPLE.check(a)
     nb = -(-vocab_size // BLOCK_SIZE)
-    for q in contracts.resamples(a):
+    for q in contract.resamples(a):
         if not q.writes:
             continue  # greedy, rejected at a draft: K16 stored the target argmax
         scores, _ = resample_scores(a, q)
@@ -451,7 +444,7 @@ def _resample_kernel(
         resampled_local_max_ptr.view(-1)[at : at + nb] = scores.gather(1, best[:, None])[:, 0].to(resampled_local_max_ptr.dtype)
 
 
-def resample_scores(a: dict, q: contracts.Resample) -> tuple[torch.Tensor, torch.Tensor | None]:
+def resample_scores(a: dict, q: contract.Resample) -> tuple[torch.Tensor, torch.Tensor | None]:
     """K17's Gumbel-max scores of one request, tile by tile (``[NBr, BLOCK_SIZE]``, -inf past V):
     the residual log-probabilities (or the target's logits) plus the noise at temperatures above 0;
     and the ratios q/p of a residual with draft logits (else None)."""
@@ -469,8 +462,8 @@ def resample_scores(a: dict, q: contracts.Resample) -> tuple[torch.Tensor, torch
             lp = lp + a["cumulative_log_p_ptr"][q.row - 1]  # the block residual scales p by the joint ratio
         lq = y - a["draft_rejected_logsumexp_ptr"][q.index]
         # log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
-        ratio = gumbel.exp32(lq - lp)
-        x = torch.where(ratio < 1.0, lp + gumbel.log1p32(-ratio), float("-inf"))
+        ratio = numerics.exp32(lq - lp)
+        x = torch.where(ratio < 1.0, lp + numerics.log1p32(-ratio), float("-inf"))
     elif q.residual:
         x = torch.where(cols != q.rejected, x, float("-inf"))  # a one-hot draft: the target without it
     if a["USE_FP64"]:

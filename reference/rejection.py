@@ -1,7 +1,7 @@
 """The PyTorch oracle of the rejection-sampler kernels: the readable specification.
 
 Each function has the vLLM kernel's name, parameters and order, runs on CPU tensors and
-writes the caller's buffers in place, in their own dtype. Semantics follow spec §2.1–§2.4
+writes the caller's buffers in place, in their own dtype. Semantics follow docs/spec.md §2.1–§2.4
 and the contract decisions of §5; where a width matters (float32 ratios and products,
 float64 uniforms) it is spelled out.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contract import counts, starts
-from conformance.kernels import rejection as contracts
+from contracts.spec import counts, starts
 
 
 def rejection_greedy_sample_kernel(
@@ -26,7 +25,6 @@ def rejection_greedy_sample_kernel(
     synthetic_conditional_rates_ptr: torch.Tensor | None,
     SYNTHETIC_MODE: bool,
 ) -> None:
-    contracts.REJECTION_GREEDY.check(locals())
     out = output_token_ids_ptr.view(-1)
     cu = cu_num_draft_tokens_ptr
     draft = draft_token_ids_ptr.tolist()
@@ -75,7 +73,6 @@ def rejection_random_sample_kernel(
     NO_DRAFT_PROBS: bool,
     SYNTHETIC_MODE: bool,
 ) -> None:
-    contracts.REJECTION_RANDOM.check(locals())
     out = output_token_ids_ptr.view(-1)
     cu = cu_num_draft_tokens_ptr
     n_tokens = int(cu[-1]) if cu.numel() else 0
@@ -131,7 +128,6 @@ def expand_kernel(
     replace_to: int,
     MAX_NUM_TOKENS: int,
 ) -> None:
-    contracts.EXPAND.check(locals())
     dtype = input_ptr.dtype
     # The test and the replacement happen in the data's dtype (C18): the ints are converted to it.
     hit = input_ptr == torch.tensor(replace_from, dtype=dtype)
@@ -155,7 +151,6 @@ def sample_recovered_tokens_kernel(
 ) -> None:
     # BLOCK_SIZE only tiles the Triton kernel's scan; the result never depends on it (C15).
     # Vectorised and device-agnostic: the GPU benchmarks time this oracle on the GPU too.
-    contracts.SAMPLE_RECOVERED.check(locals(), device=None)
     cu = cu_num_draft_tokens_ptr
     n_tokens = int(cu[-1]) if cu.numel() else 0
     if n_tokens == 0:

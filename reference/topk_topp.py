@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from conformance.kernels import topk_topp as contracts
-from reference.gumbel import exp32
+from contracts import topk_topp as contract
+from contracts._checks import item
+from contracts.numerics import exp32
 
 F32, F64, I64 = torch.float32, torch.float64, torch.int64
 
@@ -86,12 +87,11 @@ def _topk_topp_kernel(
     TOPP_ENABLED: bool,
     SPLIT_COVERS_PONLY: bool,
 ) -> None:
-    a = contracts.TOPK_TOPP.bind((), locals())
-    contracts.TOPK_TOPP.check(a)
+    a = locals()
     mask = torch.tensor(MASK_VALUE, dtype=F32)  # a constexpr float, rounded to float32
     for r in range(BATCH_SIZE):
-        x = contracts.row_values(a, r)  # a view: written in place
-        k, p = contracts.row_steps(a, r)
+        x = contract.row_values(a, r)  # a view: written in place
+        k, p = contract.row_steps(a, r)
         kept = list(stages(x, k, p, bool(SPLIT_COVERS_PONLY)).values())
         if kept:
             drop = torch.ones(VOCAB_SIZE, dtype=torch.bool)
@@ -244,13 +244,12 @@ def _encode(rec: list[tuple[int, int, int]], f: int) -> list[int]:
 
 def _topp_sb_stats_kernel(LOGITS: torch.Tensor, LOGITS_STRIDE_0: int, STATS: torch.Tensor, K: torch.Tensor | None,
                           P: torch.Tensor, HAS_K: bool, VOCAB_SIZE: int, S: int, BLOCK: int) -> None:
-    a = contracts.TOPP_STATS.bind((), locals())
-    contracts.TOPP_STATS.check(a)
+    a = contract.TOPP_STATS.bind((), locals())
     words = _words(STATS)
-    for r in range(contracts.split_rows(a)):
-        if not contracts.owned(a, r):
+    for r in range(contract.split_rows(a)):
+        if not contract.owned(a, r):
             continue
-        x = contracts.row_values(a, r)
+        x = contract.row_values(a, r)
         for s in range(S):
             lo, hi = slice_bounds(a, s)
             k, live = key32(x[lo:hi]), x[lo:hi] > float("-inf")
@@ -261,7 +260,7 @@ def _topp_sb_stats_kernel(LOGITS: torch.Tensor, LOGITS_STRIDE_0: int, STATS: tor
 
 def _finish(a: Mapping[str, Any], r: int, me: int, state: Search) -> list[int]:
     """The last round: the search goes on over the whole row, pass after pass, until it ends."""
-    x = contracts.row_values(a, r)
+    x = contract.row_values(a, r)
     for _ in range(MAX_PASSES):
         if state.status != "search":
             break
@@ -276,12 +275,11 @@ def _finish(a: Mapping[str, Any], r: int, me: int, state: Search) -> list[int]:
 def _topp_sb_step_kernel(LOGITS: torch.Tensor, LOGITS_STRIDE_0: int, STATS: torch.Tensor, PARTS: torch.Tensor,
                          K: torch.Tensor | None, P: torch.Tensor, ROUND: int, HAS_K: bool, S: int, F: int, NUM_ROUNDS: int,
                          VOCAB_SIZE: int, BLOCK: int) -> None:
-    a = contracts.TOPP_STEP.bind((), locals())
-    contracts.TOPP_STEP.check(a)
+    a = contract.TOPP_STEP.bind((), locals())
     words = _words(PARTS)
     out: dict[int, list[int]] = {}
-    for r in range(contracts.split_rows(a)):  # every program reads PARTS before any writes it
-        if not contracts.owned(a, r):
+    for r in range(contract.split_rows(a)):  # every program reads PARTS before any writes it
+        if not contract.owned(a, r):
             continue
         for s in range(S):
             state = replay(a, r, s, ROUND)
@@ -291,7 +289,7 @@ def _topp_sb_step_kernel(LOGITS: torch.Tensor, LOGITS_STRIDE_0: int, STATS: torc
                 rec = _finish(a, r, s, state)
             else:
                 lo, hi = slice_bounds(a, s)
-                rec = _encode(partials(contracts.row_values(a, r)[lo:hi], state.lo, state.hi, state.m, bins(a)), F)
+                rec = _encode(partials(contract.row_values(a, r)[lo:hi], state.lo, state.hi, state.m, bins(a)), F)
             out[((r * NUM_ROUNDS + ROUND) * S + s) * F * 3] = rec
     for base, rec in out.items():
         words[base : base + len(rec)] = torch.tensor(rec, dtype=torch.int32)
@@ -300,13 +298,12 @@ def _topp_sb_step_kernel(LOGITS: torch.Tensor, LOGITS_STRIDE_0: int, STATS: torc
 def _topp_sb_mask_kernel(LOGITS: torch.Tensor, LOGITS_STRIDE_0: int, STATS: torch.Tensor, PARTS: torch.Tensor,
                          K: torch.Tensor | None, P: torch.Tensor, HAS_K: bool, MASK_VALUE: float, S: int, F: int,
                          NUM_ROUNDS: int, VOCAB_SIZE: int, BLOCK: int) -> None:
-    a = contracts.TOPP_MASK.bind((), locals())
-    contracts.TOPP_MASK.check(a)
+    a = contract.TOPP_MASK.bind((), locals())
     mask = torch.tensor(MASK_VALUE, dtype=F32)
-    for r in range(contracts.split_rows(a)):
-        if not contracts.owned(a, r):
+    for r in range(contract.split_rows(a)):
+        if not contract.owned(a, r):
             continue
-        x = contracts.row_values(a, r)  # a view: written in place
+        x = contract.row_values(a, r)  # a view: written in place
         for s in range(S):
             state = replay(a, r, s, NUM_ROUNDS - 1)
             if state is not None and state.status == "search":
@@ -324,10 +321,26 @@ def _topp_sb_mask_kernel(LOGITS: torch.Tensor, LOGITS_STRIDE_0: int, STATS: torc
             x[lo:hi] = torch.where(keep, x[lo:hi], mask)
 
 
+def explain_cell(a: Mapping[str, Any], output: str, index: int) -> str:
+    """What decided flat cell ``index`` of K24's LOGITS: its row's steps and each stage's cut-off."""
+    s, v = a["LOGITS_STRIDE_0"], a["VOCAB_SIZE"]
+    r, c = divmod(index, s) if s else (0, index)
+    if r >= a["BATCH_SIZE"] or c >= v:
+        return f"flat index {index} lies outside every row's {v} columns: it must stay untouched"
+    x = contract.row_values(a, r)
+    k, p = contract.row_steps(a, r)
+    finite = int((x > float("-inf")).sum())
+    lines = [f"row {r}, column {c}: logit {item(a['LOGITS'], index)!r}; k={k} p={p!r} V={v} finite={finite} "
+             f"SPLIT_COVERS_PONLY={a['SPLIT_COVERS_PONLY']}"]
+    for stage, (pivot, ties, kept) in cutoffs(x, k, p, bool(a["SPLIT_COVERS_PONLY"])).items():
+        lines.append(f"  {stage}: values > {pivot!r} kept, and the first {ties} equal to it in index order ({kept} kept)")
+    return "\n".join(lines)
+
+
 def describe_split(a: Mapping[str, Any], output: str, index: int) -> str:
     """Why a word or logit of the split pipeline holds what it does: the row, slice and round it
     belongs to, and the row's search as the oracle runs it."""
-    b, s, v = contracts.split_rows(a), a["S"], a["VOCAB_SIZE"]
+    b, s, v = contract.split_rows(a), a["S"], a["VOCAB_SIZE"]
     if output == "STATS":
         r, rest = divmod(index, s * 4)
         where = f"STATS word {index}: row {r}, slice {rest // 4}, word {rest % 4} (0: largest key, 1: smallest finite key, 2-3: zero)"
@@ -345,10 +358,10 @@ def describe_split(a: Mapping[str, Any], output: str, index: int) -> str:
         where = f"LOGITS row {r}, column {c}"
     if r >= b or (output == "LOGITS" and c >= v):
         return f"{where}: outside every row the kernel owns, it must stay untouched"
-    k, p = contracts.split_steps(a, r)
-    if not contracts.owned(a, r):
+    k, p = contract.split_steps(a, r)
+    if not contract.owned(a, r):
         return f"{where}: row {r} (k={k}, p={p!r}) is not the split kernels' (p >= 1, or k < V): untouched"
-    x = contracts.row_values(a, r)
+    x = contract.row_values(a, r)
     cut = cutoffs(x, None, p, False).get("top-p")
     rule = f"C35 keeps logits > {cut[0]!r} and the first {cut[1]} equal to it ({cut[2]} kept)" if cut else "no finite logit"
     return f"{where}: row {r}, p={p!r}; {rule}"

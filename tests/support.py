@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from compositions.sampler import launch
 from conformance import engine
 from conformance.backends import BACKENDS as REGISTERED
-from conformance.compositions import launch
 from conformance.engine.source import cache_dir
 
 

@@ -10,9 +10,9 @@ from support import BACKENDS as ALL
 from support import i32, i64, refused, run
 
 from conformance.backends import BACKENDS
-from conformance.kernels import async_update as contracts
+from contracts import async_update as contract
 
-HOST = tuple(b for b in ALL if BACKENDS[b].applies(contracts.UPDATE))
+HOST = tuple(b for b in ALL if BACKENDS[b].applies(contract.UPDATE))
 backends = pytest.mark.parametrize("backend", HOST)
 ours = pytest.mark.parametrize("backend", ["reference", "cpu"])
 
@@ -20,7 +20,7 @@ ours = pytest.mark.parametrize("backend", ["reference", "cpu"])
 def update(backend: str, nc, na, prev, valid, drafts, cpu) -> tuple[list[int], list[int]]:
     a = dict(num_computed_tokens=i32(nc), num_accepted_tokens=i32(na), prev_positions=i64(prev),
              valid_sampled_token_count=i32(valid), prev_num_draft_tokens=i32(drafts), cpu_num_computed_tokens=i32(cpu))
-    run(backend, contracts.K21, (1,), **a)
+    run(backend, contract.K21, (1,), **a)
     return a["num_computed_tokens"].tolist(), a["num_accepted_tokens"].tolist()
 
 
@@ -79,4 +79,4 @@ def test_engine_gathers_for_new_requests():
 def test_invalid(backend, change, error, param):
     a = dict(num_computed_tokens=i32([10, 20, 30, 40]), num_accepted_tokens=i32([9, 8, 7]), prev_positions=i64([1, -1, 0]),
              valid_sampled_token_count=i32([3, 4]), prev_num_draft_tokens=i32([2, 5, 0, 0]), cpu_num_computed_tokens=i32([100, 200, 300]))
-    refused(backend, contracts.K21, a | change, error, param)
+    refused(backend, contract.K21, a | change, error, param)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import BACKENDS, i32
 
-from conformance.compositions import (
+from compositions.sampler import (
     SamplingMetadata,
     compute_fly_entropy,
     expand_batch_to_tokens,

@@ -12,7 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import cli, coverage, kernels
+import contracts
+from conformance import cli, coverage
 from conformance.backends import ORACLE
 from conformance.profiles import chosen
 from conformance.runner import Case, run_case
@@ -22,7 +23,7 @@ PROFILE = chosen()
 SEEN: dict[str, Counter[str]] = {}
 
 
-@pytest.mark.parametrize("kernel", list(kernels.SPECS))
+@pytest.mark.parametrize("kernel", list(contracts.SPECS))
 @given(data=st.data())
 def test_state_classes_of_generated_cases(kernel, data):
     case = data.draw(cases(kernel), label="case")
@@ -31,7 +32,7 @@ def test_state_classes_of_generated_cases(kernel, data):
     SEEN.setdefault(kernel, Counter()).update(coverage.observe(kernel, case.args, outcome.outputs).keys())
 
 
-@pytest.mark.parametrize("kernel", list(kernels.SPECS))
+@pytest.mark.parametrize("kernel", list(contracts.SPECS))
 def test_every_required_state_class_was_generated(kernel):
     if kernel not in SEEN:
         pytest.skip("needs test_state_classes_of_generated_cases in the same run")

@@ -11,8 +11,8 @@ from support import BACKENDS as BACKEND_NAMES
 from support import i32, i64, run
 
 from conformance.backends import BACKENDS
-from conformance.contract import KernelSpec
-from conformance.kernels import dflash as contracts
+from contracts import dflash as contract
+from contracts.spec import KernelSpec
 
 I32, I64 = torch.int32, torch.int64
 POISON = -9
@@ -83,7 +83,7 @@ def written(values: list[int], extra: int) -> list[int]:
 def test_golden(backend, name, extra, lanes):
     rejected, query_positions, query_slots = GOLDEN[name]
     a = dflash_args(QSL, POSITIONS, NEXT, TABLE, rejected=rejected, lanes=lanes, extra=extra)
-    launch(backend, contracts.COPY_AND_EXPAND_DFLASH_INPUTS, a)
+    launch(backend, contract.COPY_AND_EXPAND_DFLASH_INPUTS, a)
     assert a["out_input_ids_ptr"].tolist() == written([21, M, M, 22, M, M], extra)
     assert a["out_context_positions_ptr"].tolist() == written(POSITIONS, extra)
     assert a["out_context_slot_mapping_ptr"].tolist() == written([0, 1, 2, 42, 43, 44, 45], extra)
@@ -99,7 +99,7 @@ def test_golden_column_clamp(backend, counts):
     a = dflash_args([0, 2], [30, 31], [21], [[1, 2]])
     a["num_rejected_tokens_ptr"] = counts
     a["HAS_NUM_REJECTED"] = False
-    launch(backend, contracts.COPY_AND_EXPAND_DFLASH_INPUTS, a)
+    launch(backend, contract.COPY_AND_EXPAND_DFLASH_INPUTS, a)
     assert a["out_context_slot_mapping_ptr"].tolist() == [10, 11]
     assert a["out_query_positions_ptr"].tolist() == [32, 33, 34]
     assert a["out_query_slot_mapping_ptr"].tolist() == [8, 9, 10]
@@ -111,7 +111,7 @@ def test_golden_column_clamp(backend, counts):
 def test_empty_request_reads_the_previous_request(backend):
     # Request 1 has no context: without rejected counts it continues from request 0's last position.
     a = dflash_args([0, 3, 3], [0, 1, 2], [21, 22], TABLE)
-    launch(backend, contracts.COPY_AND_EXPAND_DFLASH_INPUTS, a)
+    launch(backend, contract.COPY_AND_EXPAND_DFLASH_INPUTS, a)
     assert a["out_query_positions_ptr"].tolist() == [3, 4, 5, 3, 4, 5]
     assert a["out_query_slot_mapping_ptr"].tolist() == [3, 4, 5, 35, 36, 37]  # row 1: block 8
     assert a["out_context_positions_ptr"].tolist() == [0, 1, 2]
@@ -143,7 +143,7 @@ def test_invalid(backend, change, error, param):
     a.update(change)
     before = {k: v.clone() for k, v in a.items() if isinstance(v, torch.Tensor)}
     with pytest.raises(error, match=param):
-        BACKENDS[backend].resolve(contracts.COPY_AND_EXPAND_DFLASH_INPUTS)(**a)
+        BACKENDS[backend].resolve(contract.COPY_AND_EXPAND_DFLASH_INPUTS)(**a)
     for k, v in before.items():
         assert torch.equal(a[k], v), f"{k} was written before the error"
 

@@ -11,8 +11,8 @@ from support import BACKENDS as BACKEND_NAMES
 from support import i32, i64, run
 
 from conformance.backends import BACKENDS
-from conformance.contract import KernelSpec
-from conformance.kernels import eagle as contracts
+from contracts import eagle as contract
+from contracts.spec import KernelSpec
 
 I32, I64 = torch.int32, torch.int64
 POISON = -9  # the goldens' poison: never a value these kernels write here
@@ -59,7 +59,7 @@ SEVEN_WIDE = [[7 * r + c for c in range(7)] for r in range(4)]
 @pytest.mark.parametrize("alias", [False, True], ids=["separate", "aliased"])
 def test_step_golden_padding_and_max_model_len(backend, alias):
     a = step_args([50, 98, 99, 100], SEVEN_WIDE, [51, 99, 100, 101], 6, alias=alias)
-    launch(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
+    launch(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
     assert a["out_clamped_positions_ptr"].tolist() == [51, 99, 0, 0]
     assert a["out_slot_mapping_ptr"].tolist() == [51, 211, -1, -1, -1, -1]
     assert a["seq_lens_ptr"].tolist() == [52, 100, 1, 1]
@@ -68,7 +68,7 @@ def test_step_golden_padding_and_max_model_len(backend, alias):
 @backends
 def test_step_golden_narrow_table(backend):
     a = step_args([40, 3], [[5, 6], [7, 8]], [41, 4], 2)
-    launch(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
+    launch(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
     assert a["out_clamped_positions_ptr"].tolist() == [41, 4]
     assert a["out_slot_mapping_ptr"].tolist() == [105, 116]  # 41 -> column 2 clamped to 1: 6 * 16 + 9
     assert a["seq_lens_ptr"].tolist() == [42, 5]
@@ -77,7 +77,7 @@ def test_step_golden_narrow_table(backend):
 @backends
 def test_step_golden_seq_len_cap(backend):
     a = step_args([10], [[5, 6]], [100], 1)
-    launch(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
+    launch(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
     assert a["out_clamped_positions_ptr"].tolist() == [11]
     assert a["out_slot_mapping_ptr"].tolist() == [91]
     assert a["seq_lens_ptr"].tolist() == [100]
@@ -88,10 +88,10 @@ def test_step_strided_table_and_empty_batch(backend):
     # A column slice of a wider buffer: the row stride (7) is the argument, the width is 2.
     table = torch.tensor(SEVEN_WIDE, dtype=I32)[:, :2]
     a = step_args([20, 0], table, [21, 1], 3)
-    launch(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
+    launch(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
     assert a["out_slot_mapping_ptr"].tolist() == [1 * 16 + 5, 7 * 16 + 1, -1]
     a = step_args([], [[5, 6]], [], 2)
-    launch(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
+    launch(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
     assert a["out_slot_mapping_ptr"].tolist() == [-1, -1]
 
 
@@ -118,7 +118,7 @@ def test_inputs_padded_golden(backend, cu_index, golden):
         num_rejected_tokens_gpu_ptr=poisoned(length),
         num_reqs=n,
     )
-    launch(backend, contracts.EAGLE_PREPARE_INPUTS_PADDED, a)
+    launch(backend, contract.EAGLE_PREPARE_INPUTS_PADDED, a)
     assert a["token_indices_to_sample_ptr"].tolist() == indices
     assert a["num_rejected_tokens_gpu_ptr"].tolist() == rejected
 
@@ -164,7 +164,7 @@ NEXT_TOKEN_GOLDEN = [
 def test_next_token_golden(backend, golden):
     args, next_token, count = golden
     a = {k: v.clone() if isinstance(v, torch.Tensor) and k.startswith(("next", "valid")) else v for k, v in args.items()}
-    launch(backend, contracts.EAGLE_PREPARE_NEXT_TOKEN_PADDED, a)
+    launch(backend, contract.EAGLE_PREPARE_NEXT_TOKEN_PADDED, a)
     assert a["next_token_ids_ptr"].tolist() == next_token
     assert a["valid_sampled_tokens_count_ptr"].tolist() == count
 
@@ -241,7 +241,7 @@ def test_copy_expand_golden(backend, name, block, bool_poison):
     shift, p, ids, positions, rejected, masked, new, hidden = EXPAND_GOLDEN[name]
     n = len(ids)
     a = expand_args([0, 3, 7], [2, 5], IDS, POSITIONS, [900, 901], shift=shift, p=p, n_out=n, bool_poison=bool_poison, block=block)
-    launch(backend, contracts.COPY_AND_EXPAND_EAGLE_INPUTS, a)
+    launch(backend, contract.COPY_AND_EXPAND_EAGLE_INPUTS, a)
     assert a["out_input_ids_ptr"].tolist() == ids
     assert a["out_positions_ptr"].tolist() == positions
     assert a["out_is_rejected_token_mask_ptr"].tolist() == mask(n, rejected)
@@ -254,7 +254,7 @@ def test_copy_expand_golden(backend, name, block, bool_poison):
 @pytest.mark.parametrize("bool_poison", [True, False])
 def test_copy_expand_golden_one_token_request(backend, bool_poison):
     a = expand_args([0, 1, 4], [0, 3], [100, 200, 201, 202], [5, 20, 21, 22], [900, 901], shift=True, p=2, n_out=6, bool_poison=bool_poison)
-    launch(backend, contracts.COPY_AND_EXPAND_EAGLE_INPUTS, a)
+    launch(backend, contract.COPY_AND_EXPAND_EAGLE_INPUTS, a)
     assert a["out_input_ids_ptr"].tolist() == [900, M, 201, 202, 901, M]
     assert a["out_positions_ptr"].tolist() == [5, 6, 20, 21, 22, 23]
     assert a["out_is_rejected_token_mask_ptr"].tolist() == mask(6, set())
@@ -304,7 +304,7 @@ def test_step_invalid(backend, change, error, param):
         a["out_slot_mapping_ptr"] = a["out_slot_mapping_ptr"].to(torch.int32)
     if "positions_dtype" in change:
         a["positions_ptr"] = a["positions_ptr"].to(change["positions_dtype"])
-    launch_invalid(backend, contracts.EAGLE_STEP_SLOT_MAPPING_METADATA, a, error, param)
+    launch_invalid(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a, error, param)
 
 
 @cpu_and_reference
@@ -319,7 +319,7 @@ def test_inputs_padded_invalid(backend, field, value, param):
         num_reqs=3,
     )
     a[field] = value
-    launch_invalid(backend, contracts.EAGLE_PREPARE_INPUTS_PADDED, a, ValueError, param)
+    launch_invalid(backend, contract.EAGLE_PREPARE_INPUTS_PADDED, a, ValueError, param)
 
 
 @cpu_and_reference
@@ -337,7 +337,7 @@ def test_inputs_padded_invalid(backend, field, value, param):
 def test_next_token_invalid(backend, field, value, error, param):
     a = next_token_args([[5, 7, -1], [8, -1, -1]], 100, [1, 2])
     a[field] = value
-    launch_invalid(backend, contracts.EAGLE_PREPARE_NEXT_TOKEN_PADDED, a, error, param)
+    launch_invalid(backend, contract.EAGLE_PREPARE_NEXT_TOKEN_PADDED, a, error, param)
 
 
 @cpu_and_reference
@@ -357,11 +357,11 @@ def test_next_token_invalid(backend, field, value, error, param):
 def test_copy_expand_invalid(backend, field, value, param):
     a = expand_args([0, 3, 7], [2, 5], IDS, POSITIONS, [900, 901], shift=False, p=3, n_out=13, bool_poison=True)
     a[field] = value
-    launch_invalid(backend, contracts.COPY_AND_EXPAND_EAGLE_INPUTS, a, ValueError, param)
+    launch_invalid(backend, contract.COPY_AND_EXPAND_EAGLE_INPUTS, a, ValueError, param)
 
 
 def test_unknown_keyword_is_a_type_error():
-    kernel = BACKENDS["cpu"].resolve(contracts.EAGLE_PREPARE_INPUTS_PADDED)
+    kernel = BACKENDS["cpu"].resolve(contract.EAGLE_PREPARE_INPUTS_PADDED)
     with pytest.raises(TypeError, match="num_request"):
         kernel[(1,)](i32([0]), i32([1]), i32([0, 1]), poisoned(1), poisoned(1), num_request=1)
 

@@ -63,9 +63,9 @@ def _plant(path: Path, find: str, replace: str) -> None:
 
 # -- loading ------------------------------------------------------------------------------------------
 def test_every_contract_resolves_to_a_vllm_kernel_with_its_parameter_names(vllm):
-    from conformance import kernels
+    import contracts
 
-    for spec in kernels.SPECS.values():
+    for spec in contracts.SPECS.values():
         kernel = engine.loader().kernel(spec.qualname)
         assert kernel is not None, spec.qualname
         names = list(inspect.signature(kernel).parameters) if spec.host else list(kernel.arg_names)
@@ -74,14 +74,14 @@ def test_every_contract_resolves_to_a_vllm_kernel_with_its_parameter_names(vllm)
 
 def test_the_cpu_overrides_are_read_from_the_engines_registration(vllm):
     table = cpu.registered(vllm)
-    from conformance import kernels
+    import contracts
 
     # vLLM 0.33.0 ports the ten V1 kernels to C++, and nothing of Model Runner V2, FLy, the async
     # update or top-k/top-p (on a CPU without Triton it sorts in PyTorch instead: docs/topk_topp.md).
     unported = ("mrv2", "fly", "async_update", "topk_topp")
-    v1 = {s.qualname for s in kernels.SPECS.values() if s.family not in unported}
+    v1 = {s.qualname for s in contracts.SPECS.values() if s.family not in unported}
     assert len(v1) == 10 and v1 <= set(table)
-    assert not {s.qualname for f in unported for s in kernels.FAMILIES[f]} & set(table)
+    assert not {s.qualname for f in unported for s in contracts.FAMILIES[f]} & set(table)
     assert table["vllm.v1.sample.rejection_sampler.expand_kernel"] == "_expand_kernel_impl"
 
 

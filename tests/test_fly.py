@@ -11,7 +11,7 @@ import torch
 from support import BACKENDS as BACKEND_NAMES
 from support import f32, f64, i32, i64, refused, run
 
-from conformance.kernels import fly as contracts
+from contracts import fly as contract
 
 backends = pytest.mark.parametrize("backend", BACKEND_NAMES)
 cpu_and_reference = pytest.mark.parametrize("backend", ["reference", "cpu"])
@@ -60,12 +60,12 @@ def random_args(draft, u, *, p=0.5, q=None, entropy=None, cu=None, is_greedy=Non
 
 
 def greedy(backend: str, a: dict[str, Any]) -> list[int]:
-    run(backend, contracts.K19, contracts.APPLY_FLY_GREEDY.grid(a), **a)
+    run(backend, contract.K19, contract.APPLY_FLY_GREEDY.grid(a), **a)
     return a["target_argmax_ptr"].tolist()
 
 
 def random(backend: str, a: dict[str, Any]) -> list[float]:
-    run(backend, contracts.K20, contracts.APPLY_FLY_RANDOM.grid(a), **a)
+    run(backend, contract.K20, contract.APPLY_FLY_RANDOM.grid(a), **a)
     return a["uniform_probs_ptr"].tolist()
 
 
@@ -191,7 +191,7 @@ def test_window_zero_defers_on_entropy_alone(backend):
     ],
 )
 def test_invalid_greedy(backend, change, error, param):
-    refused(backend, contracts.K19, greedy_args([4, 5, 6], [1, 5, 6]) | change, error, param)
+    refused(backend, contract.K19, greedy_args([4, 5, 6], [1, 5, 6]) | change, error, param)
 
 
 @cpu_and_reference
@@ -206,4 +206,4 @@ def test_invalid_greedy(backend, change, error, param):
     ],
 )
 def test_invalid_random(backend, change, error, param):
-    refused(backend, contracts.K20, random_args([4, 5, 6], [0.99, 0.1, 0.1]) | change, error, param)
+    refused(backend, contract.K20, random_args([4, 5, 6], [0.99, 0.1, 0.1]) | change, error, param)

@@ -8,13 +8,14 @@ from collections import Counter
 import pytest
 import torch
 
-from conformance import fuzz, kernels
+import contracts
 from conformance.backends import BACKENDS, Backend
 from conformance.profiles import chosen
 from conformance.runner import Case
+from conformance.tools import fuzz
 
 PROFILE = chosen()
-NAMES = list(kernels.SPECS)
+NAMES = list(contracts.SPECS)
 QUOTA = fuzz.quota_per_kernel(PROFILE, len(NAMES))
 DONE: dict[str, dict] = {}
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from conformance import gate, kernels
+import contracts
+from conformance.tools import gate
 
-REJECTION = {n for n, s in kernels.SPECS.items() if s.family == "rejection"}
+REJECTION = {n for n, s in contracts.SPECS.items() if s.family == "rejection"}
 
 
 def test_a_family_file_touches_its_family_only():
@@ -13,11 +14,11 @@ def test_a_family_file_touches_its_family_only():
 
 
 def test_shared_files_touch_everything_and_docs_nothing():
-    assert set(gate.kernels_touched(["conformance/contract.py"])) == set(kernels.SPECS)
-    assert gate.kernels_touched(["README.md", "conformance/mutants.toml"]) == {}
+    assert set(gate.kernels_touched(["contracts/spec.py"])) == set(contracts.SPECS)
+    assert gate.kernels_touched(["README.md", "conformance/tools/mutants.toml"]) == {}
 
 
 def test_a_helper_touches_the_families_that_use_it():
-    touched = gate.kernels_touched(["conformance/kernels/_checks.py"])
-    users = {s.family for n, s in kernels.SPECS.items() if n in touched}
+    touched = gate.kernels_touched(["contracts/_checks.py"])
+    users = {s.family for n, s in contracts.SPECS.items() if n in touched}
     assert users and "rejection" not in users  # the metadata families import it, the rejection family does not

@@ -12,7 +12,7 @@ import torch
 from support import i32, i64, refused, run
 from test_eagle import SEVEN_WIDE, step_args
 
-from conformance.kernels import eagle, slot_mapping
+from contracts import eagle, slot_mapping
 from cpu_impl import _C
 
 validating = pytest.mark.parametrize("backend", ["reference", "cpu"])

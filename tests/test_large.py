@@ -14,14 +14,14 @@ import pytest
 import torch
 from support import i32, i64, run
 
-from conformance import kernels
+import contracts
 
 BACKENDS = ("reference", "cpu", "triton")
 BIG = 2**30 + 8  # two rows of this many elements reach past 2**31
 
 
 def launch(backend: str, kernel: str, **args) -> None:
-    run(backend, kernel, kernels.get(kernel).grid(args), **args)
+    run(backend, kernel, contracts.get(kernel).grid(args), **args)
 
 
 def empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:

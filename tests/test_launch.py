@@ -1,4 +1,4 @@
-"""The CPU launchers accept exactly the launches a Triton kernel accepts (spec §1.9, §1.11, C28)."""
+"""The CPU launchers accept exactly the launches a Triton kernel accepts (docs/spec.md §1.9, §1.11, C28)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import inspect
 import pytest
 import torch
 
-from conformance import kernels
+import contracts
 from conformance.backends import BACKENDS
 
-SPECS = list(kernels.SPECS.values())
+SPECS = list(contracts.SPECS.values())
 
 
 def _cpu(spec):
@@ -46,8 +46,8 @@ EXPECTED = [2.0, 1.0, 1.0]
 
 
 def test_every_launch_form_gives_the_same_result():
-    k = _cpu(kernels.get("expand_kernel"))
-    order = list(kernels.get("expand_kernel").arg_names)
+    k = _cpu(contracts.get("expand_kernel"))
+    order = list(contracts.get("expand_kernel").arg_names)
     assert _launched(lambda a: k[(2,)](**a)) == EXPECTED
     assert _launched(lambda a: k[(2,)](*[a[n] for n in order])) == EXPECTED
     assert _launched(lambda a: k[lambda meta: (2,)](*[a[n] for n in order[:3]], **{n: a[n] for n in order[3:]})) == EXPECTED
@@ -57,7 +57,7 @@ def test_every_launch_form_gives_the_same_result():
 
 
 def test_bad_launches_are_type_errors_naming_the_argument():
-    k = _cpu(kernels.get("expand_kernel"))
+    k = _cpu(contracts.get("expand_kernel"))
     a = _expand_args()
     with pytest.raises(TypeError, match="'SYNTHETIC_MODE'"):
         k[(2,)](**a, SYNTHETIC_MODE=False)  # a keyword the kernel does not have
@@ -70,7 +70,7 @@ def test_bad_launches_are_type_errors_naming_the_argument():
 
 def test_synthetic_mode_keywords_reach_the_cpu_port():
     """The drift that crashed a CPU port: the GPU call site gained SYNTHETIC_MODE keywords."""
-    k = _cpu(kernels.get("rejection_greedy_sample_kernel"))
+    k = _cpu(contracts.get("rejection_greedy_sample_kernel"))
     out = torch.full((1, 2), -1, dtype=torch.int32)
     k[(1,)](output_token_ids_ptr=out, cu_num_draft_tokens_ptr=torch.tensor([1], dtype=torch.int32),
             draft_token_ids_ptr=torch.tensor([3], dtype=torch.int32), target_argmax_ptr=torch.tensor([0]),
@@ -82,7 +82,7 @@ def test_synthetic_mode_keywords_reach_the_cpu_port():
 
 def test_outputs_are_written_in_the_callers_buffer_and_dtype():
     """No int64 round trip: an int32 output stays the caller's int32 tensor, written in place."""
-    k = _cpu(kernels.get("sample_recovered_tokens_kernel"))
+    k = _cpu(contracts.get("sample_recovered_tokens_kernel"))
     out = torch.full((2,), -5, dtype=torch.int32)
     ptr = out.data_ptr()
     k[(1, 2)](out, torch.tensor([2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), None,
@@ -110,7 +110,7 @@ def test_the_cpp_launcher_refuses_a_plan_that_does_not_match_its_entry_point():
     from cpu_impl import _C
     from cpu_impl.launcher import CpuKernel
 
-    spec = kernels.get("expand_kernel")
+    spec = contracts.get("expand_kernel")
     plan = [(p.name, False, False, False, {}, True, (0,)) for p in spec.params]
     with pytest.raises(ValueError, match=r"takes 6 arguments, the plan has 5"):
         _C.Launcher("rejection", "expand", plan[:-1], [], torch.Tensor, _C.rejection, None, None)
@@ -127,7 +127,7 @@ def test_a_stand_in_entry_point_gets_the_python_entrys_arguments(monkeypatch):
     calls = []
     monkeypatch.setattr(_C.rejection, "expand", lambda *a: calls.append(a))
     a = _expand_args()
-    _cpu(kernels.get("expand_kernel"))[(2,)](**a)
+    _cpu(contracts.get("expand_kernel"))[(2,)](**a)
     assert a["output_ptr"].tolist() == [0.0, 0.0, 0.0]  # the native entry never ran
     out = a["output_ptr"]
     assert calls == [((out.data_ptr(), 2, 3), (a["input_ptr"].data_ptr(), 2, 2), (a["cu_num_tokens_ptr"].data_ptr(), 0, 2), 0, 1, 128)]

@@ -14,8 +14,8 @@ from support import BACKENDS as BACKEND_NAMES
 from support import f32, i32, i64, run
 
 from conformance.backends import BACKENDS
-from conformance.contract import KernelSpec
-from conformance.kernels import mrv2 as contracts
+from contracts import mrv2 as contract
+from contracts.spec import KernelSpec
 
 I32, I64 = torch.int32, torch.int64
 POISON = -9
@@ -55,7 +55,7 @@ def gather_args(block: int = 1024, spare: int = 0) -> dict[str, Any]:
 @pytest.mark.parametrize("spare", [0, 2], ids=["exact", "spare-cells"])
 def test_golden_gather(backend, block, spare):
     a = gather_args(block, spare)
-    launch(backend, contracts.GATHER_DRAFT_SAMPLED, a)
+    launch(backend, contract.GATHER_DRAFT_SAMPLED, a)
     # Row 1 (local 1): 11 - 1 = 10 < prefill 11 -> placeholder; row 2: 12 - 2 = 10 < 11 too.
     # Row 0 is a bonus-position row (local 0), never a placeholder; slot 0's prefill 3 is irrelevant.
     assert a["draft_sampled_ptr"].tolist() == [91, -1, -1, 95] + [POISON] * spare
@@ -67,7 +67,7 @@ def test_golden_gather_prefill_boundary(backend):
     # position - local_pos == prefill_len is not a placeholder: the step began at the prefill's end.
     a = gather_args()
     a["prefill_len_ptr"] = i32([3, 100, 10])
-    launch(backend, contracts.GATHER_DRAFT_SAMPLED, a)
+    launch(backend, contract.GATHER_DRAFT_SAMPLED, a)
     assert a["draft_sampled_ptr"].tolist() == [91, 92, 93, 95]
 
 
@@ -95,7 +95,7 @@ def flatten_args(counts: list[int], spare: int = 0) -> dict[str, Any]:
 )
 def test_golden_flatten(backend, counts, flat):
     a = flatten_args(counts, spare=2)
-    launch(backend, contracts.FLATTEN_SAMPLED, a)
+    launch(backend, contract.FLATTEN_SAMPLED, a)
     assert a["flat_sampled_ptr"].tolist() == flat + [0, 0]
 
 
@@ -130,7 +130,7 @@ def _refused(backend: str, spec: KernelSpec, a: dict[str, Any], error: type, par
 def test_invalid_gather(backend, change, error, param):
     a = gather_args()
     a.update(change)
-    _refused(backend, contracts.GATHER_DRAFT_SAMPLED, a, error, param)
+    _refused(backend, contract.GATHER_DRAFT_SAMPLED, a, error, param)
 
 
 @cpu_and_reference
@@ -150,7 +150,7 @@ def test_invalid_gather(backend, change, error, param):
 def test_invalid_flatten(backend, change, error, param):
     a = flatten_args([3, 2, 3])
     a.update(change)
-    _refused(backend, contracts.FLATTEN_SAMPLED, a, error, param)
+    _refused(backend, contract.FLATTEN_SAMPLED, a, error, param)
 
 
 # -- K13 _compute_local_logits_stats_kernel --------------------------------------------------------------
@@ -189,7 +189,7 @@ N = None  # an untouched (NaN-poisoned) cell
 @pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_golden_logits_stats(backend, draft_dtype):
     a = stats_args(draft_dtype)
-    launch(backend, contracts.LOGITS_STATS, a)
+    launch(backend, contract.LOGITS_STATS, a)
     # Greedy row 0: the first index of each tile's maximum and that maximum, nothing else.
     assert a["target_local_argmax_ptr"].tolist() == [[1, 4]] + [[POISON] * 2] * 4
     assert cells(a["target_local_max_ptr"]) == [[3, 2], [N, N], [0, -INF], [1, 5], [N, N]]
@@ -209,7 +209,7 @@ def test_golden_logits_stats(backend, draft_dtype):
 def test_golden_logits_stats_one_tile_and_negative_zero(backend):
     a = stats_args(block=8192)
     a["target_logits_ptr"][0, :5] = f32([-0.0, 0.0, -0.0, -INF, -1])
-    launch(backend, contracts.LOGITS_STATS, a)
+    launch(backend, contract.LOGITS_STATS, a)
     # -0.0 reads as +0.0 (C30): the maximum is +0.0 at the first zero.
     assert a["target_local_argmax_ptr"][0].tolist() == [0]
     assert str(float(a["target_local_max_ptr"][0, 0])) == ("0.0" if backend != "vllm" else "-0.0")  # C30 departure
@@ -238,7 +238,7 @@ def test_golden_logits_stats_one_tile_and_negative_zero(backend):
 def test_invalid_logits_stats(backend, change, error, param):
     a = stats_args()
     a.update(change)
-    _refused(backend, contracts.LOGITS_STATS, a, error, param)
+    _refused(backend, contract.LOGITS_STATS, a, error, param)
 
 
 # -- K18 _insert_resampled_kernel -----------------------------------------------------------------------
@@ -258,7 +258,7 @@ def insert_args(counts: list[int], maxes: list[list[float]], temps: list[float])
 @backends
 def test_golden_insert_random(backend):
     a = insert_args([1, 0, 1], [[1.0, 2.0], [3.0, 3.0], [float("nan"), -INF]], [1.0, 1.0, 1.0])
-    launch(backend, contracts.INSERT_RESAMPLED, a)
+    launch(backend, contract.INSERT_RESAMPLED, a)
     # Tile 1 wins, the first of equal maxima wins, NaN never wins (then tile 1's -inf loses to nothing: tile 0).
     assert a["sampled_ptr"].tolist() == [[POISON, 1030, POISON], [7, POISON, POISON], [POISON, 9, POISON]]
     assert a["num_sampled_ptr"].tolist() == [2, 1, 2]
@@ -269,7 +269,7 @@ def test_golden_insert_greedy(backend):
     # Greedy requests insert only at their bonus row: request 0 was rejected at draft 1 (the argmax
     # is already there), request 2 accepted its one draft (bonus row 5).
     a = insert_args([1, 0, 1], [[1.0, 2.0], [3.0, 3.0], [4.0, 5.0]], [0.0, 0.0, 0.0])
-    launch(backend, contracts.INSERT_RESAMPLED, a)
+    launch(backend, contract.INSERT_RESAMPLED, a)
     assert a["sampled_ptr"].tolist() == [[POISON] * 3, [7, POISON, POISON], [POISON, 2000, POISON]]
     assert a["num_sampled_ptr"].tolist() == [2, 1, 2]
 
@@ -292,7 +292,7 @@ def test_golden_insert_greedy(backend):
 def test_invalid_insert(backend, change, error, param):
     a = insert_args([1, 0, 1], [[1.0, 2.0], [3.0, 3.0], [4.0, 5.0]], [1.0, 1.0, 1.0])
     a.update(change)
-    _refused(backend, contracts.INSERT_RESAMPLED, a, error, param)
+    _refused(backend, contract.INSERT_RESAMPLED, a, error, param)
 
 
 # -- K14 _compute_cumulative_log_p_kernel ------------------------------------------------------------------
@@ -325,7 +325,7 @@ E_HALF = f32v(math.exp(-0.5))
 @pytest.mark.parametrize("draft", [False, True], ids=["one-hot", "draft-logits"])
 def test_golden_cumulative_log_p(backend, draft):
     a = cumulative_args(draft)
-    launch(backend, contracts.CUMULATIVE_LOG_P, a)
+    launch(backend, contract.CUMULATIVE_LOG_P, a)
     lp = f32v(0.0 - f32v(math.log(2.0)))
     if draft:  # log q(0) = 0.5 - log(1 + exp32(-0.5)); q(1) = ... for token 1: 0 - same
         lse_d = f32v(0.5 + math.log(1 + E_HALF))
@@ -361,7 +361,7 @@ def test_golden_cumulative_log_p(backend, draft):
 def test_invalid_cumulative_log_p(backend, change, error, param):
     a = cumulative_args(True)
     a.update(change)
-    _refused(backend, contracts.CUMULATIVE_LOG_P, a, error, param)
+    _refused(backend, contract.CUMULATIVE_LOG_P, a, error, param)
 
 
 # -- K15 _compute_local_residual_mass_kernel -----------------------------------------------------------
@@ -391,7 +391,7 @@ def residual_args(block: int) -> dict[str, Any]:
 @pytest.mark.parametrize("block", [2, 1], ids=["one-tile", "two-tiles"])
 def test_golden_local_residual_mass(backend, block):
     a = residual_args(block)
-    launch(backend, contracts.LOCAL_RESIDUAL_MASS, a)
+    launch(backend, contract.LOCAL_RESIDUAL_MASS, a)
     # p(0) = exp32(1 - LSE), LSE = 1 + log(T) (T: the one float32 tile sum, or the float64 sum of
     # two tiles); q = 1/2 each; p_prev = exp(0) = 1: the mass is p(0) - 1/2 (exact), token 1's term
     # is below 0.
@@ -423,7 +423,7 @@ def test_golden_local_residual_mass(backend, block):
 def test_invalid_local_residual_mass(backend, change, error, param):
     a = residual_args(2)
     a.update(change)
-    _refused(backend, contracts.LOCAL_RESIDUAL_MASS, a, error, param)
+    _refused(backend, contract.LOCAL_RESIDUAL_MASS, a, error, param)
 
 
 # -- K16 _rejection_kernel -------------------------------------------------------------------------------
@@ -489,7 +489,7 @@ def test_golden_rejection_greedy(backend):
     # 0; drafts [3] accept all; the request without drafts records nothing.
     rows = [[0, 1, 9, 2], [0, 5, 1, 2], [0, 0, 0, 0], [1, 2, 3, 4], [0, 0, 0, 0], [0, 0, 0, 0]]
     a = rejection_args(rows, [[2, 0], [3], []], [0.0, 0.0, 0.0])
-    launch(backend, contracts.REJECTION, a)
+    launch(backend, contract.REJECTION, a)
     assert a["sampled_ptr"].tolist() == [[2, 1, P, P], [3, P, P, P], [P, P, P, P]]
     assert a["rejected_steps_ptr"].tolist() == [1, 1, 0]
     assert a["target_rejected_logsumexp_ptr"].tolist() == [0.0] * 3  # greedy requests need no log-sum-exp
@@ -501,7 +501,7 @@ def test_golden_rejection_random(backend):
     # One-hot drafts: p(d) = 1 is always accepted (log 1 = 0 > log u), p(d) = 0 never. Request 0
     # stops at its second draft and keeps that step's log-sum-exps; request 1 takes all of them.
     a = rejection_args([SURE, NEVER, SURE, [0] * 4, SURE, SURE, [0] * 4], [[0, 0, 0], [0, 0]], [1.0, 0.5])
-    launch(backend, contracts.REJECTION, a)
+    launch(backend, contract.REJECTION, a)
     assert a["sampled_ptr"].tolist() == [[0, 0, P, P], [0, 0, P, P]]
     assert a["rejected_steps_ptr"].tolist() == [1, 2]
     got = a["target_rejected_logsumexp_ptr"].tolist()
@@ -518,7 +518,7 @@ def test_golden_rejection_synthetic(backend):
     # draft, whatever the logits say (the greedy request writes its argmax at the rejection).
     rows = [NEVER, NEVER, NEVER, [0] * 4, NEVER, NEVER, NEVER, [0] * 4]
     a = rejection_args(rows, [[0, 0, 0], [0, 0, 0]], [1.0, 0.0], mode="synthetic")
-    launch(backend, contracts.REJECTION, a)
+    launch(backend, contract.REJECTION, a)
     assert a["rejected_steps_ptr"].tolist() == [1, 1]
     assert a["sampled_ptr"].tolist() == [[0, 0, P, P], [0, 1, P, P]]
 
@@ -529,7 +529,7 @@ def test_golden_rejection_block_verification(backend):
     # first draft has probability 0: every ratio after it is 0 and no step is accepted (u > 0), so
     # the rejected row is its first; it still writes each verified draft.
     a = rejection_args([SURE, SURE, [0] * 4, NEVER, SURE, [0] * 4], [[0, 0], [0, 0]], [1.0, 1.0], mode="block")
-    launch(backend, contracts.REJECTION, a)
+    launch(backend, contract.REJECTION, a)
     assert a["rejected_steps_ptr"].tolist() == [2, 0]
     assert a["sampled_ptr"].tolist() == [[0, 0, P, P], [0, 0, P, P]]
     got = a["target_rejected_logsumexp_ptr"].tolist()
@@ -546,7 +546,7 @@ def test_golden_rejection_fly(backend):
     # misses with no room left: its argmax (3) replaces it.
     rows = [[0, 9, 0, 0], [0, 0, 9, 0], [0, 0, 0, 9], [0] * 4]
     a = rejection_args(rows, [[0, 2, 0]], [0.0], window=1)
-    launch(backend, contracts.REJECTION, a)
+    launch(backend, contract.REJECTION, a)
     assert a["rejected_steps_ptr"].tolist() == [2]
     assert a["sampled_ptr"].tolist() == [[0, 2, 3, P]]
 
@@ -573,7 +573,7 @@ def test_golden_rejection_fly(backend):
 def test_invalid_rejection(backend, change, error, param):
     a = rejection_args([SURE, NEVER, SURE, [0] * 4, SURE, SURE, [0] * 4], [[0, 0, 0], [0, 0]], [1.0, 0.5])
     a.update(change)
-    _refused(backend, contracts.REJECTION, a, error, param)
+    _refused(backend, contract.REJECTION, a, error, param)
 
 
 @cpu_and_reference
@@ -585,7 +585,7 @@ def test_invalid_rejection(backend, change, error, param):
 def test_invalid_rejection_modes(backend, mode, change, param):
     a = rejection_args([SURE, SURE, [0] * 4, NEVER, SURE, [0] * 4], [[0, 0], [0, 0]], [1.0, 1.0], mode=mode)
     a.update(change)
-    _refused(backend, contracts.REJECTION, a, ValueError, param)
+    _refused(backend, contract.REJECTION, a, ValueError, param)
 
 
 # -- K17 _resample_kernel --------------------------------------------------------------------------------
@@ -629,7 +629,7 @@ def test_golden_resample_greedy(backend, fp64):
     # per tile, no noise); request 1 was rejected at a draft (K16 stored the argmax): untouched.
     rows = [[0] * 4, [0] * 4, [3, 5, 5, -INF], [0] * 4, [0] * 4]
     a = resample_args(rows, [[1, 1], [1]], [2, 0], [0.0, 0.0], fp64=fp64)
-    launch(backend, contracts.RESAMPLE, a)
+    launch(backend, contract.RESAMPLE, a)
     assert a["resampled_local_argmax_ptr"].tolist() == [[1, 2], [P, P]]  # ties: the first index
     assert cells(a["resampled_local_max_ptr"]) == [[5.0, 5.0], [N, N]]
     assert a["resampled_local_max_ptr"].dtype == (torch.float64 if fp64 else torch.float32)
@@ -642,7 +642,7 @@ def test_golden_resample_one_hot(backend):
     # residual is the target itself and token 0 wins.
     heavy = [60.0, 0.0, 0.0, 0.0]
     a = resample_args([[0] * 4, heavy, [0] * 4, heavy, [0] * 4], [[5, 0], [-1]], [1, 0], [1.0, 1.0])
-    launch(backend, contracts.RESAMPLE, a)
+    launch(backend, contract.RESAMPLE, a)
     tokens, scores = a["resampled_local_argmax_ptr"].tolist(), a["resampled_local_max_ptr"].tolist()
     # Request 0 (slot 1, seed 6, row 1 at position 41): tile 0 is token 1 alone, tile 1 the better of 2, 3.
     want0 = [noise32(6, 41, c) for c in range(4)]
@@ -657,9 +657,9 @@ def test_golden_resample_draft_logits(backend):
     # Target [0, 0, 1, 0] against a uniform draft (log p = x - 2, log q = -1.5): only token 2 has
     # p > q, so tile 0 is all -inf (index 0) and tile 1 holds token 2's residual plus its noise.
     a = resample_args([[0] * 4, [0, 0, 1, 0], [0] * 4], [[5, 3]], [1], [1.0], draft=[[[0.0] * 4] * 2] * 2)
-    if (why := BACKENDS[backend].unsupported(contracts.RESAMPLE, a)) is not None:
+    if (why := BACKENDS[backend].unsupported(contract.RESAMPLE, a)) is not None:
         pytest.skip(f"{backend} declares it does not support this case: {why}")
-    launch(backend, contracts.RESAMPLE, a)
+    launch(backend, contract.RESAMPLE, a)
     ratio = f32v(math.exp(f32v(-1.5 - f32v(1.0 - 2.0))))
     residual = f32v(f32v(1.0 - 2.0) + f32v(math.log1p(-ratio)))
     want = f32v(residual + noise32(6, 41, 2))
@@ -691,7 +691,7 @@ def test_golden_resample_draft_logits(backend):
 def test_invalid_resample(backend, change, error, param):
     a = resample_args([[0] * 4] * 5, [[5, 0], [1]], [1, 0], [1.0, 1.0], draft=[[[0.0] * 4] * 2] * 2)
     a.update(change)
-    _refused(backend, contracts.RESAMPLE, a, error, param)
+    _refused(backend, contract.RESAMPLE, a, error, param)
 
 
 # -- the host composition rejection_sample -------------------------------------------------------------
@@ -736,7 +736,7 @@ def subset(batch: dict[str, Any], reqs: list[int]) -> dict[str, Any]:
 
 @given(batch=mrv2_batches())
 def test_composition_backends_agree(batch):
-    from conformance.compositions import mrv2_rejection_sample
+    from compositions.sampler import mrv2_rejection_sample
 
     results = {b: accepted(*mrv2_rejection_sample(**batch, backend=b)) for b in BACKEND_NAMES if b != "vllm"}
     want = results.pop("reference")
@@ -749,7 +749,7 @@ def test_composition_backends_agree(batch):
 def test_composition_batch_invariance(batch, data):
     # A request's tokens depend on its own rows, slot, seed and positions only: running any subset
     # of the requests, in any order, gives each the same tokens (so chunked batches equal the whole).
-    from conformance.compositions import mrv2_rejection_sample
+    from compositions.sampler import mrv2_rejection_sample
 
     whole = accepted(*mrv2_rejection_sample(**batch, backend="cpu"))
     reqs = data.draw(st.permutations(range(len(whole))))
@@ -765,7 +765,7 @@ def test_composition_seeded_streams_reproduce_across_steps(batch):
     # engine steps them), then step 1 again, alone, after step 2: the streams are functions of
     # (seed, position, column) with no state carried between launches, so the replay equals the
     # first run, and every backend agrees at every step.
-    from conformance.compositions import mrv2_rejection_sample
+    from compositions.sampler import mrv2_rejection_sample
 
     def step(k: int, backend: str) -> list[list[int]]:
         return accepted(*mrv2_rejection_sample(**{**batch, "pos": batch["pos"] + 3 * k}, backend=backend))
@@ -804,14 +804,14 @@ def wide_batch(seed: int, draft_dtype: torch.dtype, spread: float, block: bool, 
 def test_wide_vocabulary_kernels_match_the_oracle(monkeypatch, draft_dtype, spread, mode):
     """The C++ port's vectorized tiles (csrc/vmath.h) give the oracle's bits: every kernel the
     composition launches runs on the oracle's inputs on both backends, outputs compared bit for bit."""
-    import conformance.compositions as compositions
-    from conformance import kernels
+    import compositions.sampler as compositions
+    import contracts
 
     real = compositions.launch
     checked = []
 
     def both(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
-        spec = kernels.get(kernel)
+        spec = contracts.get(kernel)
         mine = {name: a.clone() if isinstance(a, torch.Tensor) else a for name, a in args.items()}
         real("reference", kernel, grid, **args)
         real("cpu", kernel, grid, **mine)
@@ -844,7 +844,7 @@ def test_every_float16_draft_logit_reads_exactly(backend):
              draft_logits_stride_0=v, draft_logits_stride_1=v, expanded_idx_mapping_ptr=i64([0, 0]),
              expanded_local_pos_ptr=i32([0, 1]), temp_ptr=f32([1.0]), vocab_size=v, num_logits=2, BLOCK_SIZE=1,
              HAS_DRAFT_LOGITS=True)
-    launch(backend, contracts.LOGITS_STATS, a)
+    launch(backend, contract.LOGITS_STATS, a)
     want = values.float()
     want[want == 0] = 0.0  # -0.0 reads as +0.0 (C30)
     got = a["draft_local_max_ptr"][0]

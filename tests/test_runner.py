@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import cli, kernels, runner
+import contracts
+from conformance import cli, runner
 from conformance.arguments import output_file
 from conformance.backends import BACKENDS, Backend, register_backend
 from conformance.findings import Findings
@@ -116,7 +117,7 @@ def test_aliased_parameters_stay_aliased_and_unpoisoned():
 def test_every_kernel_has_a_case_strategy():
     from conformance.strategies import cases
 
-    for name in kernels.SPECS:
+    for name in contracts.SPECS:
         assert cases(name) is not None
 
 
@@ -260,7 +261,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CRASHY = '''
 import ctypes
 from conformance.backends import Backend, register_backend
-from conformance.kernels import SPECS
+from contracts import SPECS
 
 
 def _resolve(spec):
@@ -310,9 +311,9 @@ def test_show_prints_source_that_rebuilds_the_saved_case_bit_for_bit(kernel, tmp
     through their shortest decimal, NaN and infinities), and the oracle's outputs as EXPECTED."""
     from hypothesis import HealthCheck, given, settings
 
-    from conformance import show
     from conformance.runner import _bits, run_backend
     from conformance.strategies import cases
+    from conformance.tools import show
 
     def canonical(t):  # a literal keeps a NaN, not its payload
         return _bits(torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t) if t.is_floating_point() else t)
@@ -345,7 +346,7 @@ def test_show_prints_source_that_rebuilds_the_saved_case_bit_for_bit(kernel, tmp
 
 
 def test_show_refuses_what_a_literal_cannot_express(tmp_path):
-    from conformance import show
+    from conformance.tools import show
 
     case = _case()
     case.args["target_argmax_ptr"] = torch.tensor([1.0, 5.0, 3.0])._neg_view()

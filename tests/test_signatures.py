@@ -7,11 +7,12 @@ import dataclasses
 
 import pytest
 
-from conformance import kernels, signatures
+import contracts
 from conformance.backends import BACKENDS, Backend
-from conformance.contract import constexpr
+from conformance.tools import signatures
+from contracts.spec import constexpr
 
-SPECS = list(kernels.SPECS.values())
+SPECS = list(contracts.SPECS.values())
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
@@ -35,7 +36,7 @@ def test_contracts_match_vllms_kernels():
 def test_a_call_site_that_gains_a_keyword_fails_the_gate():
     """The SYNTHETIC_MODE incident: the engine's call site (the contract) gains a constexpr that
     no backend has yet. Every backend must fail before an engine can call it."""
-    spec = kernels.get("expand_kernel")
+    spec = contracts.get("expand_kernel")
     grown = dataclasses.replace(spec, params=(*spec.params, constexpr("SYNTHETIC_MODE")))
     for backend in ("reference", "triton", "cpu"):
         names = [r for r in signatures.check_backend(grown, backend) if r.check == "names"]
@@ -49,13 +50,13 @@ def test_tuning_constexprs_pass_only_where_the_contract_lists_them_and_heuristic
     import triton
     import triton.language as tl
 
-    spec = kernels.get("sample_recovered_tokens_kernel")
+    spec = contracts.get("sample_recovered_tokens_kernel")
     assert spec.tuning and [r for r in signatures.check_backend(spec, "triton") if r.check == "names"][0].ok
     unlisted = dataclasses.replace(spec, tuning=())
     names = [r for r in signatures.check_backend(unlisted, "triton") if r.check == "names"]
     assert names[0].ok is False and "SCAN_BLOCK" in names[0].message, names
 
-    expand = kernels.get("expand_kernel")
+    expand = contracts.get("expand_kernel")
     names_ = ", ".join(expand.arg_names)
     source = f"def k({names_}, EXTRA: tl.constexpr):\n    pass\n"
     scope: dict = {"tl": tl}
@@ -71,7 +72,7 @@ def test_a_launcher_that_drops_an_argument_fails_cpp_entry(monkeypatch):
     from cpu_impl import _C
     from cpu_impl.launcher import CpuKernel
 
-    spec = kernels.get("expand_kernel")
+    spec = contracts.get("expand_kernel")
 
     def short(*args):  # forgets MAX_NUM_TOKENS, as a port written before the parameter existed would
         _C.rejection.expand(*args[:-1])
@@ -85,7 +86,7 @@ def test_a_launcher_that_drops_an_argument_fails_cpp_entry(monkeypatch):
 def test_a_launcher_that_accepts_unknown_keywords_fails(monkeypatch):
     from cpu_impl.launcher import CpuKernel
 
-    spec = kernels.get("expand_kernel")
+    spec = contracts.get("expand_kernel")
 
     class Lenient(CpuKernel):
         def __call__(self, *args, **kwargs):

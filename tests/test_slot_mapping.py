@@ -12,8 +12,8 @@ from support import BACKENDS as BACKEND_NAMES
 from support import i32, i64, run
 
 from conformance.backends import BACKENDS
-from conformance.contract import KernelSpec
-from conformance.kernels import slot_mapping as contracts
+from contracts import slot_mapping as contract
+from contracts.spec import KernelSpec
 
 I32, I64 = torch.int32, torch.int64
 POISON = -9
@@ -71,7 +71,7 @@ GOLDEN = {
 def test_golden(backend, name):
     args, expected = GOLDEN[name]
     a = {k: v.clone() if k == "slot_mapping_ptr" else v for k, v in args.items()}
-    launch(backend, contracts.COMPUTE_SLOT_MAPPING, a)
+    launch(backend, contract.COMPUTE_SLOT_MAPPING, a)
     assert a["slot_mapping_ptr"].tolist() == expected
 
 
@@ -83,7 +83,7 @@ def test_vllm_attribute_path(backend):
     module = importlib.import_module({"reference": "reference", "triton": "triton_impl", "cpu": "cpu_impl"}[backend] + ".slot_mapping")
     assert module.ComputeSlotMappingKernel.kernel is module.compute_slot_mapping_kernel
     assert module.ComputeSlotMappingKernel().kernel is module.compute_slot_mapping_kernel
-    assert contracts.COMPUTE_SLOT_MAPPING.qualname.endswith("ComputeSlotMappingKernel.kernel")
+    assert contract.COMPUTE_SLOT_MAPPING.qualname.endswith("ComputeSlotMappingKernel.kernel")
 
 
 
@@ -113,7 +113,7 @@ def test_invalid(backend, change, param):
     a["block_table_stride"] = change.get("block_table_stride", a["block_table_ptr"].stride(0))
     before = {k: v.clone() for k, v in a.items() if isinstance(v, torch.Tensor)}
     with pytest.raises(ValueError, match=param):
-        BACKENDS[backend].resolve(contracts.COMPUTE_SLOT_MAPPING)(**a)
+        BACKENDS[backend].resolve(contract.COMPUTE_SLOT_MAPPING)(**a)
     for k, v in before.items():
         assert torch.equal(a[k], v), f"{k} was written before the error"
 
@@ -123,5 +123,5 @@ def test_wrong_dtype_is_a_type_error(backend):
     a = slot_args([0, 3, 5], [0, 4, 17, 2, 3], TABLE, 8)
     a["positions_ptr"] = a["positions_ptr"].float()
     with pytest.raises(TypeError, match="positions_ptr"):
-        BACKENDS[backend].resolve(contracts.COMPUTE_SLOT_MAPPING)(**a)
+        BACKENDS[backend].resolve(contract.COMPUTE_SLOT_MAPPING)(**a)
 

@@ -1,4 +1,4 @@
-"""Statistical properties of the random path (spec §3.4, §3.5).
+"""Statistical properties of the random path (docs/spec.md §3.5, §3.7).
 
 Every test is a chi-square goodness-of-fit test at a false-alarm rate ALPHA per test. Its
 sample size comes from a power analysis: the smallest N at which a deviation of Cohen's
@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy import stats
 
-from conformance.compositions import SamplingMetadata, rejection_sample, unconditional_to_conditional_rates
+from compositions.sampler import SamplingMetadata, rejection_sample, unconditional_to_conditional_rates
 
 ALPHA = 1e-3  # false alarms: one run in a thousand per test
 POWER = 0.99
@@ -121,7 +121,7 @@ def mrv2_run(n: int, k: int, draft_logits: bool, seed: int, **options: bool) -> 
     """``(sampled, num_sampled, drafts)`` of n requests with k drafts from q each, on the C++ port
     (temperature 1, the target p at every row; each request in its own slot with its own seed and
     positions). ``options``: use_fp64, use_block_verification."""
-    from conformance.compositions import mrv2_rejection_sample
+    from compositions.sampler import mrv2_rejection_sample
 
     g = torch.Generator().manual_seed(seed)
     v, rows = len(P), (k + 1) * n
@@ -218,7 +218,7 @@ def test_mrv2_residual_noise_is_independent_of_the_acceptance_uniform():
     tokens = torch.cat([torch.zeros(n, 1, dtype=torch.int32), drafts], 1).reshape(-1)
     pos = torch.randint(0, 2**40, (2 * n,), generator=g)
     seed = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
-    from conformance.compositions import mrv2_rejection_sample
+    from compositions.sampler import mrv2_rejection_sample
 
     sampled, num_sampled = mrv2_rejection_sample(
         P.log().expand(2 * n, len(P)).contiguous(), Q.log().expand(n, 1, len(P)).contiguous(), tokens,

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import cli, kernels, threads
+import contracts
+from conformance import cli
 from conformance.backends import BACKENDS, Backend
 from conformance.profiles import chosen
+from conformance.tools import threads
 
 PROFILE = chosen()
 
@@ -30,7 +32,7 @@ def test_every_cpp_kernel_is_bit_identical_at_1_2_3_and_all_threads(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     data = json.loads(report.read_text())
     assert data["forced"], "the preload shim was not active: parallel regions ran with their serial thresholds"
-    assert set(data["kernels"]) == set(kernels.SPECS)
+    assert set(data["kernels"]) == set(contracts.SPECS)
     for name, e in data["kernels"].items():
         assert e["status"] == "pass" and e["examples"] > 0, (name, e)
         assert e["parallel_regions"] > 0, f"{name}: no OpenMP region ran from cpu_impl._C"

@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from support import BACKENDS as BACKEND_NAMES
 from support import f32, i32, refused, run
 
-from conformance import compositions
+from compositions import sampler as compositions
 from conformance.backends import BACKENDS
-from conformance.kernels import topk_topp as contracts
 from conformance.runner import run_case
 from conformance.strategies import cases
+from contracts import topk_topp as contract
 from reference.topk_topp import weights
 
-K = contracts.KERNEL
+K = contract.KERNEL
 INF = float("inf")
 backends = pytest.mark.parametrize("backend", BACKEND_NAMES)
 ours = pytest.mark.parametrize("backend", ["reference", "triton", "cpu"])
@@ -30,15 +30,15 @@ TIES = [1.0, 3.0, 3.0, 3.0, 0.0, 2.0, 2.0, -1.0]
 
 def args(rows: Any, k: list[int] | None = None, p: list[float] | None = None, *, programs: int = 2, block: int = 4,
          split: bool = False, mask: float = -INF) -> dict[str, Any]:
-    return contracts.launch_args(f32(rows), None if k is None else i32(k), None if p is None else f32(p), programs=programs,
+    return contract.launch_args(f32(rows), None if k is None else i32(k), None if p is None else f32(p), programs=programs,
                                  block=block, trunc=block, mask_value=mask, split=split)
 
 
 def launch(backend: str, a: dict[str, Any]) -> list[list[int]]:
     """Runs the mask; returns the kept columns of each row."""
-    if (why := BACKENDS[backend].unsupported(contracts.TOPK_TOPP, a)) is not None:
+    if (why := BACKENDS[backend].unsupported(contract.TOPK_TOPP, a)) is not None:
         pytest.skip(f"{backend} declares it does not support this case: {why}")
-    run(backend, K, contracts.TOPK_TOPP.grid(a), **a)
+    run(backend, K, contract.TOPK_TOPP.grid(a), **a)
     return [(row != a["MASK_VALUE"]).nonzero().flatten().tolist() for row in a["LOGITS"]]
 
 
@@ -114,7 +114,7 @@ def test_cut_offs_hold_on_every_backend(case):
     out = run_case(case, ["reference", "triton", "cpu"])["reference"].outputs["LOGITS"]
     mask = _bits(torch.tensor([a["MASK_VALUE"]], dtype=torch.float32))[0]
     for r in range(a["BATCH_SIZE"]):
-        x, y = contracts.row_values(a, r), contracts.row_values({**a, "LOGITS": out}, r)
+        x, y = contract.row_values(a, r), contract.row_values({**a, "LOGITS": out}, r)
         v, finite = x.numel(), int((x > -INF).sum())
         k = int(a["K"][r]) if a["TOPK_ENABLED"] else None
         p = float(a["P"][r]) if a["TOPP_ENABLED"] else None
@@ -275,7 +275,7 @@ def test_apply_sampling_constraints_three_ways(data):
     """Temperature, top-k and top-p per request, expanded to the draft tokens (a greedy request's
     temperature read as 1): the three backends agree bit for bit, and each token's row is the oracle's
     mask of its logits divided by its request's temperature."""
-    from conformance.compositions import SamplingMetadata, apply_sampling_constraints
+    from compositions.sampler import SamplingMetadata, apply_sampling_constraints
 
     b = data.draw(st.integers(1, 4))
     n = data.draw(st.lists(st.integers(0, 3), min_size=b, max_size=b))
@@ -361,7 +361,7 @@ def split_launches(x: torch.Tensor, p: torch.Tensor, s: int, rounds: int, backen
     """The pipeline with one backend per launch (stats, each round, mask), on a workspace of exactly
     its size; returns the workspace."""
     stats, parts = torch.zeros(x.shape[0] * s * 4), torch.zeros(x.shape[0] * rounds * s * 24)
-    plan = contracts.split_launches(x, None, p, slices=s, workspace=(stats, parts), rounds=rounds, blocks=(16, 16, 16))
+    plan = contract.split_launches(x, None, p, slices=s, workspace=(stats, parts), rounds=rounds, blocks=(16, 16, 16))
     for backend, (name, grid, a) in zip(backends, plan, strict=True):
         run(backend, name, grid, **a)
     return torch.cat([stats, parts])
@@ -412,26 +412,26 @@ def test_the_host_gives_a_row_one_mask_whichever_path_it_takes(backend, batch):
 
 def split_args(kernel: str, **change: Any) -> dict[str, Any]:
     x = f32([TIES, TIES])
-    stats, parts = contracts.split_workspace()
+    stats, parts = contract.split_workspace()
     a = dict(LOGITS=x, LOGITS_STRIDE_0=8, STATS=stats, PARTS=parts, K=None, P=f32([0.5, 0.9]), ROUND=0, HAS_K=False,
              MASK_VALUE=-INF, VOCAB_SIZE=8, S=2, F=8, NUM_ROUNDS=5, BLOCK=16)
     a.update(change)
-    return {n: a[n] for n in contracts.SPECS[[s.name for s in contracts.SPECS].index(kernel)].arg_names}
+    return {n: a[n] for n in contract.SPECS[[s.name for s in contract.SPECS].index(kernel)].arg_names}
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 @pytest.mark.parametrize("kernel, change, name", [
-    (contracts.STEP_KERNEL, dict(F=3), "F"),
-    (contracts.STEP_KERNEL, dict(ROUND=5), "ROUND"),
-    (contracts.STEP_KERNEL, dict(ROUND=-1), "ROUND"),
-    (contracts.MASK_KERNEL, dict(NUM_ROUNDS=0), "NUM_ROUNDS"),
-    (contracts.MASK_KERNEL, dict(PARTS=torch.zeros(2 * 5 * 2 * 24 - 1)), "PARTS"),
-    (contracts.STATS_KERNEL, dict(STATS=torch.zeros(2 * 2 * 4 - 1)), "STATS"),
-    (contracts.STATS_KERNEL, dict(S=3), "S"),
-    (contracts.STATS_KERNEL, dict(S=128), "S"),
-    (contracts.STATS_KERNEL, dict(P=f32([0.5, math.nan])), "P"),
-    (contracts.MASK_KERNEL, dict(LOGITS=f32([TIES, [*TIES[:7], INF]])), "LOGITS"),
-    (contracts.STEP_KERNEL, dict(LOGITS_STRIDE_0=4), "LOGITS_STRIDE_0"),
+    (contract.STEP_KERNEL, dict(F=3), "F"),
+    (contract.STEP_KERNEL, dict(ROUND=5), "ROUND"),
+    (contract.STEP_KERNEL, dict(ROUND=-1), "ROUND"),
+    (contract.MASK_KERNEL, dict(NUM_ROUNDS=0), "NUM_ROUNDS"),
+    (contract.MASK_KERNEL, dict(PARTS=torch.zeros(2 * 5 * 2 * 24 - 1)), "PARTS"),
+    (contract.STATS_KERNEL, dict(STATS=torch.zeros(2 * 2 * 4 - 1)), "STATS"),
+    (contract.STATS_KERNEL, dict(S=3), "S"),
+    (contract.STATS_KERNEL, dict(S=128), "S"),
+    (contract.STATS_KERNEL, dict(P=f32([0.5, math.nan])), "P"),
+    (contract.MASK_KERNEL, dict(LOGITS=f32([TIES, [*TIES[:7], INF]])), "LOGITS"),
+    (contract.STEP_KERNEL, dict(LOGITS_STRIDE_0=4), "LOGITS_STRIDE_0"),
 ])
 def test_split_invalid_launches_are_refused(backend, kernel, change, name):
     refused(backend, kernel, split_args(kernel, **change), ValueError, name)
@@ -453,7 +453,7 @@ def test_a_corrupted_workspace_is_read_as_defined(backend, seed):
     for name in ("reference", backend):
         a = dict(LOGITS=x.clone(), LOGITS_STRIDE_0=64, STATS=stats.clone(), PARTS=parts.clone(), K=None, P=p, HAS_K=False,
                  MASK_VALUE=-INF, S=4, F=8, NUM_ROUNDS=2, VOCAB_SIZE=64, BLOCK=16)
-        run(name, contracts.MASK_KERNEL, (8,), **a)
+        run(name, contract.MASK_KERNEL, (8,), **a)
         out[name] = a["LOGITS"].view(torch.int32)
     assert torch.equal(out[backend], out["reference"])
 
@@ -461,7 +461,7 @@ def test_a_corrupted_workspace_is_read_as_defined(backend, seed):
 # -- vLLM's own split pipeline (interpreted here; compiled in benchmarks/topk_topp.py) -------------------
 @pytest.fixture(scope="module")
 def vllm_split(vllm_loader):
-    return {n: vllm_loader.kernel(f"vllm.v1.sample.ops.topk_topp_triton.{n}") for n in contracts.SPLIT_KERNELS}
+    return {n: vllm_loader.kernel(f"vllm.v1.sample.ops.topk_topp_triton.{n}") for n in contract.SPLIT_KERNELS}
 
 
 def run_vllm_split(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, s: int) -> torch.Tensor:
@@ -470,7 +470,7 @@ def run_vllm_split(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, s:
     if _triton_mode() == "compiled" and x.device.type == "cpu":
         pytest.skip("vLLM's Triton kernels run on CPU tensors only interpreted (TRITON_INTERPRET=1)")
     y = x.clone()
-    for name, grid, a in contracts.split_launches(y, None, p, slices=s, workspace=contracts.split_workspace(), blocks=(64, 64, 64)):
+    for name, grid, a in contract.split_launches(y, None, p, slices=s, workspace=contract.split_workspace(), blocks=(64, 64, 64)):
         kernels[name][grid](**a)
     return y
 

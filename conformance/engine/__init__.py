@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from conformance.backends import Backend, Capability, register_backend
-from conformance.contract import KernelSpec, Kind
 from conformance.engine.source import SourceError, VllmSource, locate
+from contracts.spec import KernelSpec, Kind
 
 ENV = "SPECDIFF_VLLM"
 INSTALLED = "installed"
@@ -159,7 +159,7 @@ CPU_CAPABILITIES = (
 # vLLM 0.33.0's K1/K2 mix the loaded id width with int32 in one branch (`.to(tl.int32)` on the
 # argmax, a ternary with the draft id): compiled Triton refuses other id widths (CompilationError).
 def _interpreted_log1p(spec: KernelSpec, a: Any) -> bool:
-    from conformance.kernels import mrv2
+    from contracts import mrv2
 
     return _triton_mode() == "interpreted" and bool(a["HAS_DRAFT_LOGITS"]) and any(q.residual for q in mrv2.resamples(a))
 

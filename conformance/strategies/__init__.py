@@ -18,13 +18,13 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from conformance import kernels
+import contracts
 from conformance.runner import Case
 
 _CASES: dict[str, Callable[[], st.SearchStrategy[Case]]] = {}
 
 # Modules that register case strategies, one per kernel family.
-FAMILY_MODULES = {family: f"conformance.strategies.{family}" for family in kernels.FAMILIES}
+FAMILY_MODULES = {family: f"conformance.strategies.{family}" for family in contracts.FAMILIES}
 
 
 def cases_for(kernel: str) -> Callable[[Callable[[], st.SearchStrategy[Case]]], Callable[[], st.SearchStrategy[Case]]]:
@@ -41,7 +41,7 @@ def cases(kernel: str, call_site: bool = False) -> st.SearchStrategy[Case]:
     ``call_site`` keeps only what vLLM's call sites pass: keyword launches, and every integer
     tensor in its parameter's call-site dtype (converted when its values fit, else not drawn).
     """
-    spec = kernels.get(kernel)
+    spec = contracts.get(kernel)
     importlib.import_module(FAMILY_MODULES[spec.family])
     base = _CASES[kernel]()
     if call_site:
@@ -49,7 +49,7 @@ def cases(kernel: str, call_site: bool = False) -> st.SearchStrategy[Case]:
     return st.tuples(base, st.booleans()).map(lambda cp: dataclasses.replace(cp[0], positional=cp[1]))
 
 
-def _at_call_site(spec: kernels.KernelSpec, case: Case) -> Case | None:
+def _at_call_site(spec: contracts.KernelSpec, case: Case) -> Case | None:
     args = dict(case.args)
     converted: dict[int, torch.Tensor] = {}  # aliased parameters stay aliased
     for p in spec.params:

@@ -8,8 +8,6 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.contract import cdiv, next_power_of_2
-from conformance.kernels import dflash as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import (
@@ -21,9 +19,11 @@ from conformance.strategies.metadata import (
     request_positions,
     wide_dtypes,
 )
+from contracts import dflash as contract
+from contracts.spec import cdiv, next_power_of_2
 
 
-@cases_for(contracts.K9)
+@cases_for(contract.K9)
 def dflash_cases() -> st.SearchStrategy[Case]:
     return _dflash_cases()
 
@@ -106,4 +106,4 @@ def _dflash_cases(draw: st.DrawFn) -> Case:
         BLOCK_SIZE=lanes,
         HAS_NUM_REJECTED=has_rejected,
     )
-    return Case(contracts.K9, args)
+    return Case(contract.K9, args)

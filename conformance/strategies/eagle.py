@@ -9,8 +9,6 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.contract import cdiv, next_power_of_2
-from conformance.kernels import eagle as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, seeds
 from conformance.strategies.metadata import (
@@ -23,10 +21,12 @@ from conformance.strategies.metadata import (
     spare_columns,
     wide_dtypes,
 )
+from contracts import eagle as contract
+from contracts.spec import cdiv, next_power_of_2
 
 
 # -- K5 ------------------------------------------------------------------------------------------
-@cases_for(contracts.K5)
+@cases_for(contract.K5)
 def step_cases() -> st.SearchStrategy[Case]:
     return _step_cases()
 
@@ -78,11 +78,11 @@ def _step_cases(draw: st.DrawFn) -> Case:
         PAD_ID=draw(st.sampled_from([-1, -5])),
         batch_size=b,
     )
-    return Case(contracts.K5, args)
+    return Case(contract.K5, args)
 
 
 # -- K6 ------------------------------------------------------------------------------------------
-@cases_for(contracts.K6)
+@cases_for(contract.K6)
 def inputs_padded_cases() -> st.SearchStrategy[Case]:
     return _inputs_padded_cases()
 
@@ -110,11 +110,11 @@ def _inputs_padded_cases(draw: st.DrawFn) -> Case:
         num_rejected_tokens_gpu_ptr=torch.zeros(n + padding(draw), dtype=draw(int_dtypes)),
         num_reqs=n,
     )
-    return Case(contracts.K6, args)
+    return Case(contract.K6, args)
 
 
 # -- K7 ------------------------------------------------------------------------------------------
-@cases_for(contracts.K7)
+@cases_for(contract.K7)
 def next_token_cases() -> st.SearchStrategy[Case]:
     return _next_token_cases()
 
@@ -152,11 +152,11 @@ def _next_token_cases(draw: st.DrawFn) -> Case:
         stride_sampled_token_ids=sampled.stride(0),
         BLOCK_SIZE_TOKENS=bst,
     )
-    return Case(contracts.K7, args)
+    return Case(contract.K7, args)
 
 
 # -- K8 ------------------------------------------------------------------------------------------
-@cases_for(contracts.K8)
+@cases_for(contract.K8)
 def copy_expand_cases() -> st.SearchStrategy[Case]:
     return _copy_expand_cases()
 
@@ -205,5 +205,5 @@ def _copy_expand_cases(draw: st.DrawFn) -> Case:
         shift_input_ids=shift,
         BLOCK_SIZE_TOKENS=bst,
     )
-    return Case(contracts.K8, args)
+    return Case(contract.K8, args)
 

@@ -14,11 +14,11 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.contract import next_power_of_2
-from conformance.kernels import mrv2 as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import I32, I64, padding, wide_dtypes
+from contracts import mrv2 as contract
+from contracts.spec import next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def layouts(draw: st.DrawFn, max_requests: int = 6, max_k: int = 4, min_requests
 
 
 # -- K11 -------------------------------------------------------------------------------------------
-@cases_for(contracts.K11)
+@cases_for(contract.K11)
 def gather_cases() -> st.SearchStrategy[Case]:
     return _gather_cases()
 
@@ -120,11 +120,11 @@ def _gather_cases(draw: st.DrawFn) -> Case:
         num_logits=nl,
         BLOCK_SIZE=tile,
     )
-    return Case(contracts.K11, args)
+    return Case(contract.K11, args)
 
 
 # -- K12 -------------------------------------------------------------------------------------------
-@cases_for(contracts.K12)
+@cases_for(contract.K12)
 def flatten_cases() -> st.SearchStrategy[Case]:
     return _flatten_cases()
 
@@ -155,7 +155,7 @@ def _flatten_cases(draw: st.DrawFn) -> Case:
         num_sampled_ptr=torch.tensor(counts, dtype=I64).to(draw(int_dtypes)),
         cu_num_logits_ptr=torch.tensor(lay.cu, dtype=I64).to(draw(int_dtypes)),
     )
-    return Case(contracts.K12, args)
+    return Case(contract.K12, args)
 
 
 
@@ -239,7 +239,7 @@ def draft_args(sc: Scene) -> dict[str, object]:
                 draft_logits_stride_1=0 if d is None else d.stride(1))
 
 
-@cases_for(contracts.K13)
+@cases_for(contract.K13)
 def stats_cases() -> st.SearchStrategy[Case]:
     return _stats_cases()
 
@@ -261,11 +261,11 @@ def _stats_cases(draw: st.DrawFn) -> Case:
         BLOCK_SIZE=sc.block,
         HAS_DRAFT_LOGITS=sc.draft is not None,
     )
-    return Case(contracts.K13, args)
+    return Case(contract.K13, args)
 
 
 # -- K18 -------------------------------------------------------------------------------------------
-@cases_for(contracts.K18)
+@cases_for(contract.K18)
 def insert_cases() -> st.SearchStrategy[Case]:
     return _insert_cases()
 
@@ -305,7 +305,7 @@ def _insert_cases(draw: st.DrawFn) -> Case:
         temp_ptr=temps,
         PADDED_RESAMPLE_NUM_BLOCKS=padded,
     )
-    return Case(contracts.K18, args)
+    return Case(contract.K18, args)
 
 
 def draft_tokens(draw: st.DrawFn, g: torch.Generator, sc: Scene) -> torch.Tensor:
@@ -339,7 +339,7 @@ def computed_stats(sc: Scene, draw: st.DrawFn) -> dict[str, object]:
     return out
 
 
-@cases_for(contracts.K14)
+@cases_for(contract.K14)
 def cumulative_cases() -> st.SearchStrategy[Case]:
     return _cumulative_cases()
 
@@ -373,7 +373,7 @@ def cumulative_args(draw: st.DrawFn, sc: Scene, stats: dict[str, object], tokens
 def _cumulative_cases(draw: st.DrawFn) -> Case:
     sc = draw(scenes())
     g = generator(draw(seeds))
-    return Case(contracts.K14, cumulative_args(draw, sc, computed_stats(sc, draw), draft_tokens(draw, g, sc)))
+    return Case(contract.K14, cumulative_args(draw, sc, computed_stats(sc, draw), draft_tokens(draw, g, sc)))
 
 
 def computed_cumulative(draw: st.DrawFn, sc: Scene, stats: dict[str, object], tokens: torch.Tensor) -> torch.Tensor:
@@ -386,7 +386,7 @@ def computed_cumulative(draw: st.DrawFn, sc: Scene, stats: dict[str, object], to
 
 
 # -- K15 -------------------------------------------------------------------------------------------
-@cases_for(contracts.K15)
+@cases_for(contract.K15)
 def residual_cases() -> st.SearchStrategy[Case]:
     return _residual_cases()
 
@@ -419,7 +419,7 @@ def _residual_cases(draw: st.DrawFn) -> Case:
         BLOCK_SIZE=sc.block,
         PADDED_VOCAB_NUM_BLOCKS=next_power_of_2(nb) * draw(st.sampled_from([1, 1, 2])),
     )
-    return Case(contracts.K15, args)
+    return Case(contract.K15, args)
 
 
 def computed_residual(draw: st.DrawFn, sc: Scene, stats: dict[str, object], tokens: torch.Tensor,
@@ -455,7 +455,7 @@ def likely_drafts(draw: st.DrawFn, g: torch.Generator, sc: Scene) -> torch.Tenso
 
 
 # -- K16 -------------------------------------------------------------------------------------------
-@cases_for(contracts.K16)
+@cases_for(contract.K16)
 def rejection_cases() -> st.SearchStrategy[Case]:
     return _rejection_cases()
 
@@ -514,11 +514,11 @@ def _rejection_cases(draw: st.DrawFn) -> Case:
         USE_BLOCK_VERIFICATION=mode == "block",
         FLY_WINDOW_SIZE=draw(st.integers(1, 3)) if mode == "fly" else 0,
     )
-    return Case(contracts.K16, args)
+    return Case(contract.K16, args)
 
 
 # -- K17 -------------------------------------------------------------------------------------------
-@cases_for(contracts.K17)
+@cases_for(contract.K17)
 def resample_cases() -> st.SearchStrategy[Case]:
     return _resample_cases()
 
@@ -535,13 +535,13 @@ def _resample_cases(draw: st.DrawFn) -> Case:
         # Any step may be the rejected one: resample there with the log-sum-exps K16 would keep.
         g = generator(draw(seeds))
         nb = a["vocab_num_blocks"]
-        for q in contracts.requests(a):
+        for q in contract.requests(a):
             step = int(torch.randint(0, q.drafts + 1, (1,), generator=g))
             a["rejected_steps_ptr"][q.index] = step
             if step < q.drafts and not q.greedy:
-                a["target_rejected_logsumexp_ptr"][q.index] = contracts.row_logsumexp(a, "target", q.start + step, nb)
+                a["target_rejected_logsumexp_ptr"][q.index] = contract.row_logsumexp(a, "target", q.start + step, nb)
                 if a["HAS_DRAFT_LOGITS"]:
-                    a["draft_rejected_logsumexp_ptr"][q.index] = contracts.row_logsumexp(a, "draft", q.start + step, nb)
+                    a["draft_rejected_logsumexp_ptr"][q.index] = contract.row_logsumexp(a, "draft", q.start + step, nb)
         event("rejected steps drawn")
     r = a["rejected_steps_ptr"].numel()
     nr = a["cu_num_logits_ptr"].numel() - 1
@@ -593,4 +593,4 @@ def _resample_cases(draw: st.DrawFn) -> Case:
         WATERMARK=False,
         DEDUPLICATE_CONTEXTS=False,
     )
-    return Case(contracts.K17, args)
+    return Case(contract.K17, args)

@@ -10,10 +10,10 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.contract import cdiv
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, ragged_counts, seeds
 from conformance.strategies.metadata import padding
+from contracts.spec import cdiv
 
 # Tiny, power-of-two and awkward vocabularies; the C++ chunk (4096) and Triton tiles see edges.
 VOCABS = st.sampled_from([8, 1, 2, 3, 5, 16, 17, 31, 100, 257, 4099])

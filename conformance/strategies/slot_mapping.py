@@ -8,8 +8,6 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.contract import cdiv
-from conformance.kernels import slot_mapping as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import (
@@ -22,9 +20,11 @@ from conformance.strategies.metadata import (
     spare_columns,
     wide_dtypes,
 )
+from contracts import slot_mapping as contract
+from contracts.spec import cdiv
 
 
-@cases_for(contracts.K10)
+@cases_for(contract.K10)
 def slot_mapping_cases() -> st.SearchStrategy[Case]:
     return _slot_mapping_cases()
 
@@ -94,4 +94,4 @@ def _slot_mapping_cases(draw: st.DrawFn) -> Case:
         PAD_ID=draw(st.sampled_from([-1, -7])),
         BLOCK_SIZE=tile,
     )
-    return Case(contracts.K10, args)
+    return Case(contract.K10, args)

@@ -10,9 +10,9 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.kernels import topk_topp as contracts
 from conformance.runner import Case
 from conformance.strategies import cases_for, generator, seeds
+from contracts import topk_topp as contract
 
 # Few vocabulary sizes: VOCAB_SIZE is a constexpr (each one compiles anew).
 VOCABS = [1, 2, 3, 8, 13, 64, 100, 257]
@@ -85,7 +85,7 @@ def _case(draw: st.DrawFn) -> Case:
     if topp:
         p = torch.tensor([draw(st.one_of(st.sampled_from([0.5, 0.9, 1.0, 0.25, 0.75, 1.5, 1e-8, 0.99999994]), st.floats(0.0078125, 1.0, width=32)))
                           for _ in range(b)], dtype=torch.float32)
-    pct, cdf = contracts.stand_in_tables()
+    pct, cdf = contract.stand_in_tables()
     block = draw(st.sampled_from([4, 16, 64, 256]))
     programs = draw(st.integers(1, max(b, 1) + 1))
     args = dict(
@@ -105,10 +105,10 @@ def _case(draw: st.DrawFn) -> Case:
         TOPP_ENABLED=topp,
         SPLIT_COVERS_PONLY=draw(st.booleans()),
     )
-    return Case(contracts.KERNEL, args)
+    return Case(contract.KERNEL, args)
 
 
-@cases_for(contracts.KERNEL)
+@cases_for(contract.KERNEL)
 def cases() -> st.SearchStrategy[Case]:
     return _case()
 
@@ -129,12 +129,12 @@ def _split_launch(draw: st.DrawFn, g: torch.Generator) -> dict:
     p = torch.tensor([draw(st.one_of(st.sampled_from([0.5, 0.9, 1.0, 0.25, 1.5, 1e-8, 0.99999994, 0.125, 0.375, 0.625, 0.875]),
                                      st.floats(0.0078125, 1.0, width=32)))
                       for _ in range(b)], dtype=torch.float32)
-    s, f, rounds = draw(st.sampled_from(SPLITS)), draw(st.sampled_from(contracts.FANOUTS)), draw(st.sampled_from([1, 2, 5]))
+    s, f, rounds = draw(st.sampled_from(SPLITS)), draw(st.sampled_from(contract.FANOUTS)), draw(st.sampled_from([1, 2, 5]))
     if draw(st.booleans()):
-        stats, parts = (t.zero_() for t in contracts.split_workspace())
+        stats, parts = (t.zero_() for t in contract.split_workspace())
         rounds = 5
     else:  # sized exactly
-        stats, parts = torch.zeros(b * s, contracts.STATS_WORDS), torch.zeros(b * rounds * s * f * 3)
+        stats, parts = torch.zeros(b * s, contract.STATS_WORDS), torch.zeros(b * rounds * s * f * 3)
     return dict(LOGITS=logits, LOGITS_STRIDE_0=stride, STATS=stats, PARTS=parts, K=k if has_k else None, P=p, HAS_K=has_k,
                 VOCAB_SIZE=v, S=s, F=f, NUM_ROUNDS=rounds, BLOCK=draw(st.sampled_from([4, 16, 64, 256])),
                 MASK_VALUE=draw(st.sampled_from([float("-inf"), -1e9, 0.0])))
@@ -169,18 +169,18 @@ def _split_args(a: dict, names: tuple[str, ...]) -> dict:
     return {n: a[n] for n in names}
 
 
-@cases_for(contracts.STATS_KERNEL)
+@cases_for(contract.STATS_KERNEL)
 def stats_cases() -> st.SearchStrategy[Case]:
     @st.composite
     def case(draw: st.DrawFn) -> Case:
         g = generator(draw(seeds))
         a = _split_launch(draw, g)
-        return Case(contracts.STATS_KERNEL, _split_args(a, contracts.TOPP_STATS.arg_names))
+        return Case(contract.STATS_KERNEL, _split_args(a, contract.TOPP_STATS.arg_names))
 
     return case()
 
 
-@cases_for(contracts.STEP_KERNEL)
+@cases_for(contract.STEP_KERNEL)
 def step_cases() -> st.SearchStrategy[Case]:
     @st.composite
     def case(draw: st.DrawFn) -> Case:
@@ -189,18 +189,18 @@ def step_cases() -> st.SearchStrategy[Case]:
         a["ROUND"] = draw(st.integers(0, a["NUM_ROUNDS"] - 1))
         event(f"round: {'last' if a['ROUND'] == a['NUM_ROUNDS'] - 1 else a['ROUND']}")
         _workspace(draw, g, a, a["ROUND"])
-        return Case(contracts.STEP_KERNEL, _split_args(a, contracts.TOPP_STEP.arg_names))
+        return Case(contract.STEP_KERNEL, _split_args(a, contract.TOPP_STEP.arg_names))
 
     return case()
 
 
-@cases_for(contracts.MASK_KERNEL)
+@cases_for(contract.MASK_KERNEL)
 def mask_cases() -> st.SearchStrategy[Case]:
     @st.composite
     def case(draw: st.DrawFn) -> Case:
         g = generator(draw(seeds))
         a = _split_launch(draw, g)
         _workspace(draw, g, a, a["NUM_ROUNDS"])
-        return Case(contracts.MASK_KERNEL, _split_args(a, contracts.TOPP_MASK.arg_names))
+        return Case(contract.MASK_KERNEL, _split_args(a, contract.TOPP_MASK.arg_names))
 
     return case()

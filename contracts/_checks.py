@@ -1,7 +1,7 @@
 """Value-level checks shared by the input-preparation contracts (K5–K10).
 
 Block tables and the sampled-token matrix are addressed as ``row * stride + column`` from the
-data pointer, with the stride taken from a scalar argument (spec §1.4). A read is inside the
+data pointer, with the stride taken from a scalar argument (docs/spec.md §1.4). A read is inside the
 tensor when its flat index is one of the tensor's elements: for a column slice of a wider
 buffer, the gaps between rows belong to the buffer, not to the tensor, and are out of bounds.
 Query offsets are exclusive cumulative counts (§1.2).
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from conformance.contract import check_cumulative, require
+from contracts.spec import check_cumulative, require
 
 
 def span(t: torch.Tensor) -> int:

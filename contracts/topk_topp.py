@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from conformance.contract import (
+from contracts._checks import flat_view, require_rows
+from contracts.spec import (
     Flag,
     KernelSpec,
     Role,
@@ -27,7 +28,6 @@ from conformance.contract import (
     require_length,
     scalar,
 )
-from conformance.kernels._checks import flat_view, item, require_rows
 
 F32, I32, I64 = torch.float32, torch.int32, torch.int64
 KERNEL = "_topk_topp_kernel"
@@ -121,23 +121,6 @@ def _grid(a: Mapping[str, Any]) -> tuple[int, ...]:
     return (min(a["BATCH_SIZE"], a["BUFFER"].shape[0]),)
 
 
-def _explain(a: Mapping[str, Any], output: str, index: int) -> str:
-    s, v = a["LOGITS_STRIDE_0"], a["VOCAB_SIZE"]
-    r, c = divmod(index, s) if s else (0, index)
-    if r >= a["BATCH_SIZE"] or c >= v:
-        return f"flat index {index} lies outside every row's {v} columns: it must stay untouched"
-    from reference.topk_topp import cutoffs  # the oracle states the cut-offs; imported late (it imports this module)
-
-    x = row_values(a, r)
-    k, p = row_steps(a, r)
-    finite = int((x > float("-inf")).sum())
-    lines = [f"row {r}, column {c}: logit {item(a['LOGITS'], index)!r}; k={k} p={p!r} V={v} finite={finite} "
-             f"SPLIT_COVERS_PONLY={a['SPLIT_COVERS_PONLY']}"]
-    for stage, (pivot, ties, kept) in cutoffs(x, k, p, bool(a["SPLIT_COVERS_PONLY"])).items():
-        lines.append(f"  {stage}: values > {pivot!r} kept, and the first {ties} equal to it in index order ({kept} kept)")
-    return "\n".join(lines)
-
-
 def _rule(a: Mapping[str, Any], output: str, index: int, kind: str) -> str:
     return "C35 top-p mass" if a["TOPP_ENABLED"] else "C35 top-k"
 
@@ -175,7 +158,7 @@ TOPK_TOPP = KernelSpec(
     preconditions=_preconditions,
     flags=(Flag("TOPK_ENABLED", "K", lambda x: x is not None, "True exactly when K is a tensor"),
            Flag("TOPP_ENABLED", "P", lambda x: x is not None, "True exactly when P is a tensor")),
-    explain=_explain,
+    explain="reference.topk_topp:explain_cell",  # the oracle states the cut-offs
     rule=_rule,
     bytes_moved=_bytes,
 )
@@ -276,12 +259,6 @@ def _split_grid(a: Mapping[str, Any]) -> tuple[int, ...]:
     return (split_rows(a) * a["S"],)
 
 
-def _split_explain(a: Mapping[str, Any], output: str, index: int) -> str:
-    from reference.topk_topp import describe_split  # imported late: the oracle imports this module
-
-    return describe_split(a, output, index)
-
-
 def _split_bytes(a: Mapping[str, Any]) -> int:
     return 2 * split_rows(a) * a["VOCAB_SIZE"] * 4
 
@@ -305,7 +282,7 @@ def _split_spec(name: str, params: tuple[Any, ...]) -> KernelSpec:
         grid=_split_grid,
         preconditions=lambda a: _split_preconditions(name, a),
         flags=(Flag("HAS_K", "K", lambda x: x is not None, "True exactly when K is a tensor"),),
-        explain=_split_explain,
+        explain="reference.topk_topp:describe_split",
         rule=lambda a, output, index, kind: "C36 split top-p",
         bytes_moved=_split_bytes,
         engine_apart="vLLM 0.33.0's split kernels keep float32 softmax partials of a probability-pivot search in STATS "

@@ -1,4 +1,4 @@
-"""The host-side compositions of vLLM 0.33.0's V1 rejection sampler (spec §3), over any backend.
+"""The host-side compositions of vLLM 0.33.0's V1 rejection sampler (docs/spec.md §3), over any backend.
 
 The host code is the same torch code for every backend; only the kernel launches differ.
 Randomness is an input: ``generate_uniform_probs`` and the exponential noise of
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from conformance import kernels
+import contracts
 from conformance.backends import resolve_kernel
-from conformance.contract import cdiv, next_power_of_2
 from conformance.runner import _copy_args, poison_value
+from contracts.spec import cdiv, next_power_of_2
 
 PLACEHOLDER_TOKEN_ID = -1
 GREEDY_TEMPERATURE = 0.0
@@ -38,7 +38,7 @@ class SamplingMetadata:
 
 def launch(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> None:
     """Launches ``kernel`` on ``backend`` with CPU tensors; outputs land in the given tensors."""
-    spec = kernels.get(kernel)
+    spec = contracts.get(kernel)
     b, k = resolve_kernel(backend, spec)
     device = b.device()
     # On another device: copies that keep aliasing and strides, and every output copied back.
@@ -331,7 +331,7 @@ def apply_topp_split(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tens
     five step rounds and the mask (``split_launches``), with S = ``_topp_split_count(B, V, num_sm)``
     and vLLM's workspace (``workspace``, else a fresh one of vLLM's sizes). Masks ``logits`` in place:
     the rows with p < 1 and, given ``k``, k >= V (C36)."""
-    from conformance.kernels import topk_topp as c
+    from contracts import topk_topp as c
 
     b, v = logits.shape
     ws = workspace if workspace is not None else c.split_workspace(logits.device)
@@ -349,7 +349,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     CPU tiles. ``cuda_sm`` takes vLLM's CUDA dispatch, as on a GPU of that many SMs, whatever device
     the tensors are on: CUDA's tiles, and for at most 64 rows with p the split pipeline, alone
     without k, or after the monolithic kernel (SPLIT_COVERS_PONLY) for the rows with k >= V."""
-    from conformance.kernels.topk_topp import launch_args
+    from contracts.topk_topp import launch_args
 
     b = logits.shape[0]
     if b == 0 or (k is None and p is None):

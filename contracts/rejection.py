@@ -1,4 +1,4 @@
-"""Contracts of the rejection-sampler family (spec §2.1–§2.4, vllm/v1/sample/rejection_sampler.py)."""
+"""Contracts of the rejection-sampler family (docs/spec.md §2.1–§2.4, vllm/v1/sample/rejection_sampler.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from conformance.contract import (
+from contracts.spec import (
     INT,
     Flag,
     KernelSpec,

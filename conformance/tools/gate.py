@@ -8,7 +8,7 @@ each with a JSON and a JUnit report. A file touches a kernel family when
 - its name carries the family's stem (``csrc/rejection.cpp``, ``triton_impl/eagle.py``,
   ``tests/test_slot_mapping.py``, ``benchmarks/test_bench_rejection.py``: one name, every layer);
 - it is a C++ header that the family's ``csrc/<family>.cpp`` includes, or a Python module that
-  one of the family's files imports (``conformance/kernels/_checks.py``, ``csrc/metadata.h``);
+  one of the family's files imports (``contracts/_checks.py``, ``csrc/metadata.h``);
 - it is shared by every kernel: the harness core, the build (:data:`EVERYTHING`).
 
 Documentation and the harness's other tools touch nothing.
@@ -23,15 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance import kernels
+import contracts
 from conformance.arguments import output_dir
 from conformance.profiles import PROFILES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Files whose change puts every kernel under the deep profile.
 EVERYTHING = (
-    "conformance/contract.py", "conformance/runner.py", "conformance/backends.py", "conformance/strategies/__init__.py",
-    "conformance/kernels/__init__.py", "cpu_impl/launcher.py", "cpu_impl/__init__.py", "csrc/common.h", "csrc/module.cpp",
+    "contracts/spec.py", "conformance/runner.py", "conformance/backends.py", "conformance/strategies/__init__.py",
+    "contracts/__init__.py", "cpu_impl/launcher.py", "cpu_impl/__init__.py", "csrc/common.h", "csrc/module.cpp",
     "csrc/launch.h", "csrc/launch.cpp",
     "triton_impl/__init__.py", "reference/__init__.py", "setup.py", "pyproject.toml", "constraints.txt",
 )
@@ -69,7 +69,7 @@ def _references(path: str) -> re.Pattern[str]:
 
 def kernels_touched(files: list[str]) -> dict[str, list[str]]:
     """Kernel name -> the changed files that put it under the deep profile."""
-    families = {spec.family for spec in kernels.SPECS.values()}
+    families = {spec.family for spec in contracts.SPECS.values()}
     hit: dict[str, set[str]] = {f: set() for f in families}
     sources = {f: [(p, p.read_text(errors="replace")) for p in family_files(f)] for f in families}
     for path in files:
@@ -87,7 +87,7 @@ def kernels_touched(files: list[str]) -> dict[str, list[str]]:
         for f, texts in sources.items():
             if any(pattern.search(text) for p, text in texts if str(p.relative_to(ROOT)) != path):
                 hit[f].add(path)
-    return {name: sorted(hit[spec.family]) for name, spec in kernels.SPECS.items() if hit[spec.family]}
+    return {name: sorted(hit[spec.family]) for name, spec in contracts.SPECS.items() if hit[spec.family]}
 
 
 def add_parser(sub: Any) -> None:
@@ -101,7 +101,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    from conformance.mutants import source_tree
+    from conformance.tools.mutants import source_tree
 
     source_tree("gate")
     try:
@@ -110,7 +110,7 @@ def _cmd(ns: argparse.Namespace) -> int:
         print(f"gate: cannot compare with {ns.base!r}: {e.stderr.strip()}")
         return 2
     touched = kernels_touched(files)
-    rest = [k for k in kernels.SPECS if k not in touched]
+    rest = [k for k in contracts.SPECS if k not in touched]
     print(f"gate: {len(files)} files changed since {ns.base}")
     for k, why in touched.items():
         print(f"  {ns.deep:<8} {k}  ({', '.join(why[:4])}{', ...' if len(why) > 4 else ''})")

@@ -1,9 +1,14 @@
-"""Every kernel contract, by vLLM kernel name."""
+"""Every kernel contract, by vLLM kernel name.
+
+A contract is data (``contracts/spec.py``: ``KernelSpec``, its parameters, dtypes, outputs, grid and
+preconditions), one module per kernel family, plus C29's numerics (``contracts/numerics.py``).
+This package imports nothing else of specdiff's: the oracle, the kernels, the port and the harness
+all read it (``tests/test_layout.py``)."""
 
 from __future__ import annotations
 
-from conformance.contract import KernelSpec
-from conformance.kernels import async_update, dflash, eagle, fly, mrv2, rejection, slot_mapping, topk_topp
+from contracts import async_update, dflash, eagle, fly, mrv2, rejection, slot_mapping, topk_topp
+from contracts.spec import KernelSpec
 
 FAMILIES: dict[str, tuple[KernelSpec, ...]] = {
     "rejection": rejection.SPECS,

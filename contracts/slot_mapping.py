@@ -1,4 +1,4 @@
-"""Contract of the KV slot-mapping kernel (spec §2.10, vllm/v1/worker/block_table.py).
+"""Contract of the KV slot-mapping kernel (docs/spec.md §2.10, vllm/v1/worker/block_table.py).
 
 vLLM's kernel is the static Triton function ``ComputeSlotMappingKernel.kernel``; a dotted name
 cannot be a module attribute, so every backend defines ``compute_slot_mapping_kernel`` and
@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from conformance.contract import (
+from contracts._checks import exclusive_offsets, item, require_elements
+from contracts.spec import (
     INT,
     KernelSpec,
     Role,
@@ -26,7 +27,6 @@ from conformance.contract import (
     require_length,
     scalar,
 )
-from conformance.kernels._checks import exclusive_offsets, item, require_elements
 
 I32, I64 = torch.int32, torch.int64
 K10 = "compute_slot_mapping_kernel"

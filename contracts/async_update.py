@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from conformance.contract import INT, KernelSpec, Role, ptr, require
+from contracts.spec import INT, KernelSpec, Role, ptr, require
 
 I32, I64 = torch.int32, torch.int64
 K21 = "update_num_computed_tokens_for_batch_change"

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from conformance.contract import (
+from contracts.rejection import vocab_rows
+from contracts.spec import (
     INT,
     Flag,
     KernelSpec,
@@ -31,7 +32,6 @@ from conformance.contract import (
     scalar,
     starts,
 )
-from conformance.kernels.rejection import vocab_rows
 
 F32, F64, BOOL = torch.float32, torch.float64, torch.bool
 I32, I64 = torch.int32, torch.int64

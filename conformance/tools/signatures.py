@@ -2,7 +2,7 @@
 
 A call site that gains a keyword (vLLM's rejection sampler once gained ``SYNTHETIC_MODE``)
 crashes an engine whose CPU port still has the old signature. This gate catches that before any
-kernel runs: for every kernel in :data:`conformance.kernels.SPECS` and every registered backend
+kernel runs: for every kernel in :data:`contracts.SPECS` and every registered backend
 that implements it, it checks
 
 - ``contract``: the contract itself — unique names, parameters with defaults trailing, flags
@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from conformance import kernels
+import contracts
 from conformance.arguments import backend_name, kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
-from conformance.contract import LAUNCH_OPTIONS, REQUIRED, KernelSpec, Kind
 from conformance.runner import Case, _bits, _copy_args
+from contracts.spec import LAUNCH_OPTIONS, REQUIRED, KernelSpec, Kind
 
 UNKNOWN = "NOT_A_PARAMETER"
 
@@ -279,7 +279,7 @@ def _launch_forms(spec: KernelSpec, backend: Any, kernel: Any, case: Case) -> It
 
 
 def _unknown_keyword(spec: KernelSpec, backend: Any, kernel: Any, case: Case) -> tuple[bool, str]:
-    others = sorted({p.name for s in kernels.SPECS.values() for p in s.params if p.kind is Kind.CONSTEXPR} - set(spec.arg_names))
+    others = sorted({p.name for s in contracts.SPECS.values() for p in s.params if p.kind is Kind.CONSTEXPR} - set(spec.arg_names))
     problems = []
     for key in [UNKNOWN, *others[:1]]:
         try:
@@ -379,8 +379,8 @@ def check_vllm(spec: KernelSpec) -> list[Check]:
 # -- all of it ---------------------------------------------------------------------------------
 def check_all(names: Iterable[str] | None = None, backends: Iterable[str] | None = None, vllm: bool = False) -> list[Check]:
     results: list[Check] = []
-    for kernel in names or kernels.SPECS:
-        spec = kernels.get(kernel)
+    for kernel in names or contracts.SPECS:
+        spec = contracts.get(kernel)
         results.extend(check_contract(spec))
         case = None
         # The engine's own kernels are checked against the contract's names by --vllm, not held to

@@ -145,8 +145,10 @@ class KernelSpec:
     grid: Callable[[Mapping[str, Any]], tuple[int, ...]]
     preconditions: Callable[[Mapping[str, Any]], None]
     flags: tuple[Flag, ...] = ()
-    # Describes what decided output cell ``index`` of ``output``: used by failure reports.
-    explain: Callable[[Mapping[str, Any], str, int], str] | None = None
+    # Describes what decided output cell ``index`` of ``output``: used by failure reports. Where only
+    # the oracle can say (the cut-offs it computes), the oracle function's "module:name": a contract
+    # imports nothing of specdiff's, and the runner resolves the name.
+    explain: Callable[[Mapping[str, Any], str, int], str] | str | None = None
     # The contract clause (§5, e.g. "C10 negative draft") that decides output cell ``index`` of
     # ``output``, given how it differs (Diff.kind): findings are grouped by it.
     rule: Callable[[Mapping[str, Any], str, int, str], str] | None = None

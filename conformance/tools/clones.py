@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    from conformance.mutants import Scratch, source_tree
+    from conformance.tools.mutants import Scratch, source_tree
 
     kernels = [a for k in ns.kernel or [] for a in ("--kernel", k)]
     failed = []

@@ -1,4 +1,4 @@
-"""Contract of the DFlash input-preparation kernel (spec §2.9, vllm/v1/spec_decode/utils.py)."""
+"""Contract of the DFlash input-preparation kernel (docs/spec.md §2.9, vllm/v1/spec_decode/utils.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from conformance.contract import (
+from contracts._checks import exclusive_offsets, item, require_rows
+from contracts.spec import (
     INT,
     Flag,
     KernelSpec,
@@ -22,7 +23,6 @@ from conformance.contract import (
     require_length,
     scalar,
 )
-from conformance.kernels._checks import exclusive_offsets, item, require_rows
 
 I32, I64 = torch.int32, torch.int64
 K9 = "copy_and_expand_dflash_inputs_kernel"

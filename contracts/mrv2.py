@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-from conformance.contract import (
+from contracts._checks import exclusive_offsets, flat_view, holds, item, span
+from contracts.numerics import logsumexp
+from contracts.spec import (
     INT,
     Flag,
     KernelSpec,
@@ -35,8 +37,6 @@ from conformance.contract import (
     require_length,
     scalar,
 )
-from conformance.kernels._checks import exclusive_offsets, flat_view, holds, item, span
-from reference.gumbel import logsumexp
 
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 LOGITS = (torch.float32, torch.bfloat16, torch.float16)

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from conformance import kernels
+import contracts
 from conformance.arguments import kernel_name, output_file
 from conformance.profiles import PROFILES, chosen
 
@@ -52,9 +52,9 @@ def _jit(name: str) -> tuple[Any, list[tuple[str, Any]]]:
     from triton.runtime.jit import JITFunction
 
     from conformance.backends import BACKENDS
-    from conformance.signatures import triton_wrappers
+    from conformance.tools.signatures import triton_wrappers
 
-    wrappers, fn = triton_wrappers(BACKENDS["triton"].resolve(kernels.get(name)))
+    wrappers, fn = triton_wrappers(BACKENDS["triton"].resolve(contracts.get(name)))
     filled = [item for w in wrappers if isinstance(w, Heuristics) for item in w.values.items()]
     if not isinstance(fn, JITFunction):
         raise RuntimeError(f"{name}: the triton backend's kernel is a {type(fn).__name__}, not a JITFunction "
@@ -138,7 +138,7 @@ def _cmd(ns: argparse.Namespace) -> int:
         return 2
     from conformance.backends import BACKENDS
 
-    names = [k for k in ns.kernel or list(kernels.SPECS) if BACKENDS["triton"].applies(kernels.get(k))]
+    names = [k for k in ns.kernel or list(contracts.SPECS) if BACKENDS["triton"].applies(contracts.get(k))]
     n = ns.cases or CASES[ns.profile]
     print(f"specdiff compile: target {ns.target}, {n} cases per kernel", flush=True)
     results = {}

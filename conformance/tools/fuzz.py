@@ -1,4 +1,4 @@
-"""Malformed launches: every backend that validates must refuse them cleanly (spec §1.12).
+"""Malformed launches: every backend that validates must refuse them cleanly (docs/spec.md §1.12).
 
 A malformed case is a valid Hypothesis case of the kernel with one malformation applied, chosen
 by Hypothesis from what the kernel's contract says about its parameters (:data:`KINDS`): a
@@ -39,12 +39,12 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from conformance import kernels
+import contracts
 from conformance.arguments import kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
-from conformance.contract import KernelSpec, Kind, Role
 from conformance.profiles import PROFILES, chosen
 from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run_case, save_in_flight
+from contracts.spec import KernelSpec, Kind, Role
 
 # Malformed launches per profile, over all kernels (each launched on every validating backend).
 BUDGET = {"dev": 1000, "ci": 5000, "nightly": 50000}
@@ -610,7 +610,7 @@ def check_kernel(kernel: str, quota: int, guard: int | None = None, save_dir: Pa
     from hypothesis import HealthCheck, assume, given, settings
     from hypothesis.errors import Unsatisfiable
 
-    spec = kernels.get(kernel)
+    spec = contracts.get(kernel)
     backends = validating_backends(spec)
     guard = (0 if asan_active() else GUARD) if guard is None else guard
     tally: Counter[str] = Counter()
@@ -707,7 +707,7 @@ def _cmd(ns: argparse.Namespace) -> int:
     from hypothesis import settings
 
     settings.load_profile(ns.profile)
-    names = ns.kernel or list(kernels.SPECS)
+    names = ns.kernel or list(contracts.SPECS)
     total = ns.launches or BUDGET[ns.profile]
     quota = math.ceil(total / len(names))
     print(f"specdiff fuzz: profile {ns.profile}, {quota} malformed cases per kernel ({quota * len(names)} in all), "

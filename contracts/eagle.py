@@ -1,4 +1,4 @@
-"""Contracts of the EAGLE input-preparation kernels (spec §2.5–§2.8, vllm/v1/spec_decode/utils.py)."""
+"""Contracts of the EAGLE input-preparation kernels (docs/spec.md §2.5–§2.8, vllm/v1/spec_decode/utils.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from conformance.contract import (
+from contracts._checks import exclusive_offsets, item, require_rows
+from contracts.spec import (
     INT,
     KernelSpec,
     Role,
@@ -21,7 +22,6 @@ from conformance.contract import (
     require_length,
     scalar,
 )
-from conformance.kernels._checks import exclusive_offsets, item, require_rows
 
 BOOL = torch.bool
 I32, I64 = torch.int32, torch.int64

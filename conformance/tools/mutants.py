@@ -1,6 +1,6 @@
 """Planted faults: the harness's measured power to detect realistic bugs.
 
-Each entry of the catalogue (``conformance/mutants.toml``, data that anyone can extend) is one
+Each entry of the catalogue (``conformance/tools/mutants.toml``, data that anyone can extend) is one
 fault: a backend, a file, an exact ``find`` text and its ``replace``ment, the kernels that can
 see it, and the class of fault. ``python -m conformance mutants`` copies the tree once into a
 scratch directory, builds the C++ extension there once, and then for each mutant, one at a
@@ -46,7 +46,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def source_tree(command: str) -> Path:
@@ -325,9 +325,9 @@ def _first_message(report: Path, out: str) -> str:
 
 
 def _family(kernel: str) -> str:
-    from conformance import kernels
+    import contracts
 
-    return kernels.get(kernel).family
+    return contracts.get(kernel).family
 
 
 def evaluate(m: Mutant, s: Scratch, profile: str, all_checks: bool, seeds: list[int] | None = None) -> dict[str, Any]:
@@ -407,14 +407,14 @@ def _select(ns: argparse.Namespace) -> list[Mutant]:
 def _cmd(ns: argparse.Namespace) -> int:
     chosen = _select(ns)
     if ns.list:
-        bad = 0
+        bad, wide = 0, max((len(m.id) for m in chosen), default=0) + 2
         for m in chosen:
             try:
                 mutate((ROOT / m.file).read_text(), m)
                 ok = "applies"
             except (ValueError, OSError) as e:
                 ok, bad = f"STALE: {e}", bad + 1
-            print(f"{m.id:<40}{m.backend:<11}{m.fault:<38}{ok}")
+            print(f"{m.id:<{wide}}{m.backend:<11}{m.fault:<38}{ok}")
         return 1 if bad else 0
     started = time.perf_counter()
     s = Scratch(source_tree("mutants"), Path(ns.scratch) if ns.scratch else None, ns.keep)

@@ -198,14 +198,14 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
     """Runs ``kernel``'s Hypothesis cases at every thread count; returns a report entry."""
     from hypothesis import given, settings
 
-    from conformance import kernels
+    import contracts
     from conformance.backends import BACKENDS
     from conformance.runner import _key, _variants, replay_command, save_failure
     from conformance.strategies import cases
     from cpu_impl import _C
 
     backend = BACKENDS["cpu"]
-    if backend.resolve(kernels.get(kernel)) is None:
+    if backend.resolve(contracts.get(kernel)) is None:
         return {"status": "missing", "examples": 0, "message": f"cpu has no {kernel}"}
     tally = {"examples": 0}
     before = _shim_counters()
@@ -320,7 +320,7 @@ def _cmd(ns: argparse.Namespace) -> int:
         return replay(ns.replay, counts)
     from hypothesis import settings
 
-    from conformance import kernels
+    import contracts
 
     settings.load_profile(ns.profile)
     forcing = _shim_counters() is not None
@@ -330,7 +330,7 @@ def _cmd(ns: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     report: dict[str, Any] = {"schema": 1, "profile": ns.profile, "threads": counts, "forced": forcing, "kernels": results}
     try:  # the report is written whatever happens: what was collected, and why the run stopped
-        for name in ns.kernel or list(kernels.SPECS):
+        for name in ns.kernel or list(contracts.SPECS):
             e = check_kernel(name, counts, ns.max_examples)
             results[name] = e
             forced = f", {e['forced_regions']}/{e['parallel_regions']} regions forced parallel" if "forced_regions" in e else ""

@@ -159,7 +159,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd(ns: argparse.Namespace) -> int:
-    from conformance.mutants import Scratch, source_tree
+    from conformance.tools.mutants import Scratch, source_tree
 
     reports = Path(ns.reports).resolve()
     reports.mkdir(parents=True, exist_ok=True)
