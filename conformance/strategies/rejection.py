@@ -158,6 +158,19 @@ def _rate_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Ten
     u[firsts[draw(st.integers(0, len(firsts) - 1))]] = float(rates[0])
 
 
+def _placeholder_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Tensor) -> None:
+    """In half the synthetic K1 cases, one request's first draft is a -1 placeholder whose uniform
+    (0) is below a positive first rate: the rate alone would accept it, C10 refuses it. Placeholders
+    drawn anywhere in a row were reached under too few of ten seeds for a port that forgot C10."""
+    firsts = [s for s, n in zip(itertools.accumulate([0, *bt.n[:-1]]), bt.n) if n]
+    if not draw(st.booleans()) or not firsts or not len(rates):
+        return
+    i = firsts[draw(st.integers(0, len(firsts) - 1))]
+    bt.draft[i], u[i] = -1, 0.0
+    if not float(rates[0]) > 0.0:
+        rates[0] = 0.5
+
+
 @cases_for("rejection_greedy_sample_kernel")
 def greedy_cases() -> st.SearchStrategy[Case]:
     return _greedy_cases()
@@ -177,6 +190,7 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
         pos = torch.cat([torch.arange(k) for k in bt.n]) if bt.t else torch.zeros(0, dtype=torch.int64)
         u = draw(_uniforms(g, bt.t, rates[pos].to(torch.float64)))
         _rate_on_first(draw, u, bt, rates)
+        _placeholder_on_first(draw, u, bt, rates)
     else:
         u = draw(st.sampled_from([None, "given"]))
         u = None if u is None else torch.rand(bt.t, dtype=torch.float64, generator=g)
@@ -196,6 +210,37 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
         SYNTHETIC_MODE=synthetic,
     )
     return Case("rejection_greedy_sample_kernel", args)
+
+
+def _corners_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, target: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    """Aim at the first test of the random rows, which always runs, one corner per row as far as
+    they go: u == ratio (accepted: the test is u <= ratio, C7), u one float64 ulp above it (refused,
+    but accepted by a port that narrows u to float32), a draft of probability 0 under the uniform
+    0 (accepted by a non-strict test without draft probabilities) and, with draft probabilities,
+    q == 0 (refused whatever p is, C9). Cells planted anywhere reached them under too few seeds."""
+    v = bt.vocab
+    starts = torch.cumsum(torch.tensor([0, *bt.n[:-1]], dtype=torch.int64), 0).tolist() if bt.n else []
+    firsts = [s for s, n, greedy in zip(starts, bt.n, bt.greedy) if n and not greedy and 0 <= int(bt.draft[s]) < v]
+    corners = ["u == ratio", "u above ratio", "p == 0" if draft_probs is None else "q == 0"]
+    for i, how in zip(firsts, draw(st.permutations(corners))):
+        d = int(bt.draft[i])
+        if how == "p == 0":
+            target[i, d], u[i] = 0.0, 0.0
+            continue
+        if how == "q == 0":
+            draft_probs[i, d] = 0.0
+            if not float(target[i, d]) > 0.0:
+                target[i, d] = 0.375  # an infinite ratio, were q == 0 let through
+            continue
+        if not 0.0 < float(target[i, d]) < 1.0:  # nothing to sit on in [0, 1) (uniforms' range)
+            target[i, d] = 0.375  # the kernel reads the one cell; a row need not sum to 1
+        if draft_probs is not None and not 0.0 < float(draft_probs[i, d]) <= 1.0:
+            draft_probs[i, d] = 0.75
+        ratio = float(draft_ratio(target[i:i + 1], None if draft_probs is None else draft_probs[i:i + 1], bt.draft[i:i + 1], v)[0])
+        if not 0.0 <= ratio < 1.0:
+            continue
+        x = torch.tensor(ratio, dtype=torch.float64)
+        u[i] = ratio if how == "u == ratio" else float(torch.nextafter(x, torch.tensor(2.0, dtype=torch.float64)))
 
 
 @cases_for("rejection_random_sample_kernel")
@@ -221,19 +266,8 @@ def _random_cases(draw: st.DrawFn) -> Case:
     u = draw(_uniforms(g, t, boundary))
     if synthetic:
         _rate_on_first(draw, u, bt, rates)
-    if no_draft_probs and not synthetic:
-        # Aim at the first test of the random rows, which always runs: u == p, and u == p == 0 (a
-        # draft of probability 0, accepted by the non-strict test).
-        starts = torch.cumsum(torch.tensor([0, *bt.n[:-1]], dtype=torch.int64), 0).tolist() if bt.n else []
-        firsts = [s for s, n, greedy in zip(starts, bt.n, bt.greedy) if n and not greedy and 0 <= int(bt.draft[s]) < v]
-        corners = draw(st.permutations(["u == p", "u == p == 0"]))  # one per random row, as far as they go
-        for i, how in zip(firsts, corners):
-            d = int(bt.draft[i])
-            if how == "u == p == 0":
-                target[i, d] = 0.0
-            elif not 0.0 < float(target[i, d]) < 1.0:  # nothing to sit on in [0, 1) (uniforms' range)
-                target[i, d] = 0.375  # the kernel reads the one cell; a row need not sum to 1
-            u[i] = float(target[i, d])
+    if not synthetic:
+        _corners_on_first(draw, u, bt, target, draft_probs)
     if synthetic:
         event("synthetic")
     args = dict(
