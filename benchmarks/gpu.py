@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance import kernels  # noqa: E402
+import contracts  # noqa: E402
 from conformance.backends import BACKENDS  # noqa: E402
 
-SPEC = kernels.get("sample_recovered_tokens_kernel")
+SPEC = contracts.get("sample_recovered_tokens_kernel")
 SIZES = [(1, 8), (64, 4), (256, 4), (1024, 4)]  # (requests, drafts per request)
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_bench_engine import CASES, V  # noqa: E402
 from test_bench_rejection import recovered_case  # noqa: E402
 
-from conformance import kernels  # noqa: E402
+import contracts  # noqa: E402
 from conformance.backends import BACKENDS, resolve_kernel  # noqa: E402
 from conformance.runner import _bits, _copy_args  # noqa: E402
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     wrong = False
     for kernel in ns.kernel or list(CASES):
-        spec = kernels.get(kernel)
+        spec = contracts.get(kernel)
         layouts = ["triton", "vllm"] + (["triton-split"] if kernel == K4 else [])
         for b, n, inv_q in sizes(kernel, requests):
             case = case_of(kernel, b, n, inv_q)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_bench_engine import V  # noqa: E402
 from test_bench_rejection import recovered_case  # noqa: E402
 
-from conformance import kernels  # noqa: E402
+import contracts  # noqa: E402
 from conformance.backends import BACKENDS  # noqa: E402
 from conformance.runner import _copy_args  # noqa: E402
 from triton_impl.rejection import sample_recovered_tokens_kernel  # noqa: E402
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    spec = kernels.get("sample_recovered_tokens_kernel")
+    spec = contracts.get("sample_recovered_tokens_kernel")
     vllm = BACKENDS["vllm"].resolve(spec)
     ours = sample_recovered_tokens_kernel.fn  # the JIT function under the heuristics
     rows = []

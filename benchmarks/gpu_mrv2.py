@@ -28,7 +28,7 @@ from harness import capture_launches  # noqa: E402
 from test_bench_mrv2 import batch  # noqa: E402
 
 import compositions.sampler as compositions  # noqa: E402
-from conformance import kernels  # noqa: E402
+import contracts  # noqa: E402
 from conformance.backends import BACKENDS, resolve_kernel  # noqa: E402
 from conformance.runner import _bits, _copy_args  # noqa: E402
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         launches = capture_launches(lambda b=b: compositions.mrv2_rejection_sample(**batch(b), use_block_verification=True, backend="cpu"))
         for launch in launches:
             kernel, grid, before, want = launch.kernel, launch.grid, launch.before, launch.outputs
-            spec = kernels.get(kernel)
+            spec = contracts.get(kernel)
             row: dict[str, Any] = {"kernel": kernel, "requests": b, "grid": list(grid)}
             for name in backends:
                 print(f"{kernel} B={b} on {name}", flush=True)

@@ -26,7 +26,7 @@ constexpr std::int64_t kParallelSmallRows = 16384;
 // vocabulary row are worth threads far sooner.
 constexpr std::int64_t kParallelGatherRows = 256;
 
-// A build with -DSPECDIFF_FORCE_PARALLEL=1 (the ThreadSanitizer session, conformance/sanitize.py) runs
+// A build with -DSPECDIFF_FORCE_PARALLEL=1 (the ThreadSanitizer session, conformance/tools/sanitize.py) runs
 // every parallel region on the whole team, however small: the serial thresholds below would hide
 // a race from every small Hypothesis case. (The threads check forces GCC builds at run time with a
 // preload shim instead; LLVM's OpenMP runtime, which TSan needs, has other entry points.)
@@ -38,7 +38,7 @@ inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted;
 // Vectorized streaming loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
 // load time, so the default build is fast on every machine.
 // A build with -DSPECDIFF_CLONE=3 (AVX2) or =1 (baseline) compiles only that one, so that a machine
-// which would pick another can still check it against the oracle (conformance/clones.py).
+// which would pick another can still check it against the oracle (conformance/tools/clones.py).
 #if defined(SPECDIFF_CLONE) && SPECDIFF_CLONE == 3
 #define SPECDIFF_CLONES __attribute__((target("arch=x86-64-v3")))
 #elif defined(SPECDIFF_CLONE) && SPECDIFF_CLONE == 1

@@ -58,7 +58,7 @@ inline void need_element(const char* kernel, const char* name, const Strided& t,
 }
 
 // Every flat index r * stride + c with r < rows and c < width is an element.
-// Cheap refusals first (conformance/kernels/_checks.py: require_rows), so the loop that remains runs
+// Cheap refusals first (contracts/_checks.py: require_rows), so the loop that remains runs
 // over rows inside the tensor: linear in its size, never in a caller's count (2**62 rows of
 // stride 0 are row 0, checked once).
 inline void need_rows(const char* kernel, const char* name, const Strided& t, std::int64_t rows, std::int64_t stride,
@@ -109,7 +109,7 @@ inline std::vector<std::int64_t> load_offsets(const char* kernel, const char* na
 }  // namespace specdiff
 
 // A Strided arrives from Python as (data_ptr, dtype code, numel, rows, cols, row_stride); see
-// CpuKernel.convert (cpu_impl/launcher.py) and conformance/kernels/_checks.py:geometry.
+// CpuKernel.convert (cpu_impl/launcher.py) and contracts/_checks.py:geometry.
 namespace pybind11::detail {
 template <>
 struct type_caster<specdiff::Strided> {

@@ -1,4 +1,4 @@
-// OpenMP port of Model Runner V2's rejection-sampler kernels (conformance/kernels/mrv2.py).
+// OpenMP port of Model Runner V2's rejection-sampler kernels (contracts/mrv2.py).
 //
 // Mirrors reference/mrv2.py: every index, count and copied value is checked before anything is
 // written (spec §1.12), then the rows are filled in parallel. Offsets are int64 (C4).

@@ -435,7 +435,7 @@ void mask_program(const Launch& L, std::int64_t r, std::int64_t me, float mask_v
   }
 }
 
-// The checks every split kernel makes (conformance/kernels/topk_topp.py, _split_preconditions).
+// The checks every split kernel makes (contracts/topk_topp.py, _split_preconditions).
 // The stats kernel has no PARTS, F or NUM_ROUNDS (has_parts false).
 Launch check(const char* kernel, Strided logits, std::int64_t stride, Buffer stats, bool has_parts, Buffer parts, Buffer k, Buffer p,
              bool has_k, std::int64_t vocab, std::int64_t slices, std::int64_t fanout, std::int64_t rounds, std::int64_t block) {

@@ -22,3 +22,13 @@ def test_a_helper_touches_the_families_that_use_it():
     touched = gate.kernels_touched(["contracts/_checks.py"])
     users = {s.family for n, s in contracts.SPECS.items() if n in touched}
     assert users and "rejection" not in users  # the metadata families import it, the rejection family does not
+
+
+def test_numerics_touch_the_families_computing_with_them():
+    touched = {contracts.SPECS[n].family for n in gate.kernels_touched(["contracts/numerics.py"])}
+    assert {"mrv2", "topk_topp"} <= touched and "eagle" not in touched
+
+
+def test_every_layer_the_gate_reads_exists():
+    # A layer left behind by a move would silently stop mapping its files to kernels.
+    assert all((gate.ROOT / layer).is_dir() for layer in gate.LAYERS)

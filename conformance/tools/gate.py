@@ -35,7 +35,7 @@ EVERYTHING = (
     "csrc/launch.h", "csrc/launch.cpp",
     "triton_impl/__init__.py", "reference/__init__.py", "setup.py", "pyproject.toml", "constraints.txt",
 )
-LAYERS = ("conformance/kernels", "conformance/strategies", "reference", "triton_impl", "cpu_impl", "csrc", "tests", "benchmarks")
+LAYERS = ("contracts", "conformance/strategies", "reference", "triton_impl", "cpu_impl", "csrc", "tests", "benchmarks")
 
 
 def _git(*args: str) -> str:
