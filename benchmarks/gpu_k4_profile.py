@@ -8,7 +8,8 @@ kernel duration as the GPU records it (CUPTI, through ``torch.profiler``) beside
 ``do_bench`` brackets a launch with two CUDA events; at a few microseconds the events' own cost,
 and the gap before the kernel starts, are part of what it reports. The profiler's kernel duration
 is the kernel alone: the two together say how much of a small batch's time is the kernel's and how
-much is fixed cost that no kernel layout can remove. Outputs are checked against the oracle (ours)
+much is fixed cost that no kernel layout can remove. The host's microseconds per launch (back to
+back, before the device catches up) say whether a launch can hide behind ``do_bench``'s L2 flush. Outputs are checked against the oracle (ours)
 and against ours (vLLM's) before anything is timed. The ratio is vLLM's time over ours.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,19 @@ def kernel_durations(launch: Any, rounds: int, cold: bool) -> list[float]:
     if per_round == 0:
         return []
     return [sum(k.time_range.elapsed_us() for k in kernels[i * per_round:(i + 1) * per_round]) for i in range(rounds)]
+
+
+def host_us(launch: Any, n: int = 300) -> float:
+    """Host microseconds per launch: back-to-back launches, timed before the device catches up."""
+    for _ in range(20):
+        launch()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        launch()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return 1e6 * (t1 - t0) / n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,20 +120,21 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{name}_kernel_cold_us"] = statistics.median(cold) if cold else None
                 row[f"{name}_kernel_warm_us"] = statistics.median(warm) if warm else None
                 row[f"{name}_do_bench_us"] = 1e3 * do_bench(run, warmup=25, rep=200, return_mode="median")
+                row[f"{name}_host_us"] = host_us(run)
             for key in ("kernel_cold_us", "kernel_warm_us", "do_bench_us"):
                 for name in ("triton", "triton-split"):
                     ours, theirs = row[f"{name}_{key}"], row[f"vllm_{key}"]
                     row[f"{name}_{key.removesuffix('_us')}_ratio"] = theirs / ours if ours and theirs else None
             rows.append(row)
             print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-    lines = ["| B x N | inv_q | layout | kernel, cold (us) | kernel, warm (us) | do_bench (us) | vLLM / ours: kernel cold | do_bench |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| B x N | inv_q | layout | kernel, cold (us) | kernel, warm (us) | do_bench (us) | host per launch (us) "
+             "| vLLM / ours: kernel cold | do_bench |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for name in LAYOUTS:
             ratio = "" if name == "vllm" else (
                 f"{r[f'{name}_kernel_cold_ratio'] or 0:.2f}x | {r[f'{name}_do_bench_ratio'] or 0:.2f}x")
             lines.append(f"| {r['requests']} x {r['drafts']} | {r['inv_q']} | {name} | {r[f'{name}_kernel_cold_us'] or 0:.2f} | "
-                         f"{r[f'{name}_kernel_warm_us'] or 0:.2f} | {r[f'{name}_do_bench_us']:.2f} | {ratio or ' | '} |")
+                         f"{r[f'{name}_kernel_warm_us'] or 0:.2f} | {r[f'{name}_do_bench_us']:.2f} | {r[f'{name}_host_us']:.1f} | {ratio or ' | '} |")
     table = "\n".join(lines)
     print(f"\n{torch.cuda.get_device_name()}; torch {torch.__version__}\n{table}")
     (out / "k4-profile.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
