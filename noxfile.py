@@ -273,12 +273,12 @@ def nightly(session: nox.Session) -> None:
     """What does not fit CI's 45 minutes: the whole catalogue of planted faults (each C++ fault rebuilds
     the extension in a scratch tree, about 35 s), the C++ port's AVX2 and baseline clones against the
     oracle (two more builds), then conformance under the nightly profile (2,000 examples per kernel and
-    backend) over every core, or one share of it (NIGHTLY_SHARD=K/N)."""
+    backend) over every core; NIGHTLY_SHARD=K/N runs one share of the catalogue and of conformance."""
     install(session, "test")
-    session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *session.posargs)
-    session.run("python", "-m", "conformance", "clones")
-    # Over every core; NIGHTLY_SHARD=K/N runs the K-th of N shares (one per machine).
+    # NIGHTLY_SHARD=K/N runs the K-th of N shares of the catalogue and of conformance (one per machine).
     shard = [f"--shard={os.environ['NIGHTLY_SHARD']}"] if os.environ.get("NIGHTLY_SHARD") else []
+    session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *shard, *session.posargs)
+    session.run("python", "-m", "conformance", "clones")
     session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "--junitxml=reports/conformance-nightly.xml",
                 "--conformance-report=reports/conformance-nightly.json", *shard, env={"SPECDIFF_PROFILE": "nightly"})
 

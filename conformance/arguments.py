@@ -29,6 +29,14 @@ def backend_name(value: str) -> str:
     return value
 
 
+def shard(value: str) -> tuple[int, int]:
+    """``K/N`` (``--shard``): the K-th of N shares of a run, one per CI machine, 1 <= K <= N."""
+    k, sep, n = value.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise argparse.ArgumentTypeError(f"--shard {value!r} must be K/N with 1 <= K <= N, e.g. 2/4")
+    return int(k), int(n)
+
+
 def output_file(value: str) -> str:
     """A file the command can write (``--report``, ``--junit``): its directory is created and the file
     opened for append, then what the check created is removed again."""

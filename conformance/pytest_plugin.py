@@ -19,6 +19,7 @@ no case reached fails the test too. Reports travel from xdist's workers with the
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import pytest
 
 import contracts
 from conformance import cli
+from conformance.arguments import shard
 from conformance.backends import ORACLE
 from conformance.profiles import chosen
 from conformance.runner import Case
@@ -88,10 +90,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _shard(text: str) -> tuple[int, int]:
-    k, sep, n = text.partition("/")
-    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
-        raise pytest.UsageError(f"--shard {text!r} must be K/N with 1 <= K <= N, e.g. 2/4")
-    return int(k), int(n)
+    try:
+        return shard(text)
+    except argparse.ArgumentTypeError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

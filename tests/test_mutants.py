@@ -77,10 +77,23 @@ def test_the_command_line_refuses_unknown_mutants_and_backends(capsys):
 
     for argv, message in ((["--id", "no-such-mutant"], "--id: unknown mutant 'no-such-mutant'; known: "),
                           (["--backend", "nope"], "argument --backend: unknown backend 'nope'; known: "),
-                          (["--catalogue", "/no/such.toml"], "argument --catalogue: cannot read")):
+                          (["--catalogue", "/no/such.toml"], "argument --catalogue: cannot read"),
+                          (["--shard", "4/3"], "argument --shard: --shard '4/3' must be K/N with 1 <= K <= N")):
         with pytest.raises(SystemExit) as e:
             cli.main(["mutants", *argv])
         assert e.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+def test_shards_split_the_catalogue_into_disjoint_shares_that_cover_it(capsys):
+    from conformance import cli
+
+    def listed(*argv: str) -> list[str]:
+        assert cli.main(["mutants", "--list", *argv]) == 0
+        return [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+
+    whole = listed()
+    shares = [listed("--shard", f"{k}/3") for k in (1, 2, 3)]
+    assert sorted(sum(shares, [])) == sorted(whole) and all(shares)
 
 
 @pytest.mark.parametrize("argv", [["mutants"], ["sanitize"], ["clones"], ["gate", "origin/main"]])

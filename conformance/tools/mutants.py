@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.arguments import backend_name, input_file, output_file
+from conformance.arguments import backend_name, input_file, output_file, shard
 from conformance.profiles import PROFILES, chosen
 
 try:
@@ -388,6 +388,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     p.add_argument("--report", default="reports/mutants.json", type=output_file)
     p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
+    p.add_argument("--shard", type=shard, metavar="K/N", help="only every N-th chosen mutant from the K-th: one share per machine")
     p.add_argument("--list", action="store_true", help="list the catalogue and check every mutant applies, then stop")
     p.set_defaults(func=_cmd, check=_select)
 
@@ -399,8 +400,11 @@ def _select(ns: argparse.Namespace) -> list[Mutant]:
     if unknown:
         raise ValueError(f"--id: unknown mutant {', '.join(map(repr, unknown))}; known: {', '.join(m.id for m in catalogue)}")
     chosen = [m for m in catalogue if (not ns.id or m.id in ns.id) and (not ns.backend or m.backend in ns.backend)]
+    if ns.shard:
+        k, n = ns.shard
+        chosen = chosen[k - 1::n]
     if not chosen:
-        raise ValueError(f"no mutant of {ns.catalogue} matches --id and --backend")
+        raise ValueError(f"no mutant of {ns.catalogue} matches --id, --backend and --shard")
     return chosen
 
 
