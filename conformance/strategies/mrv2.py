@@ -8,7 +8,7 @@ exactly as the model runner does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from hypothesis import event
@@ -58,9 +58,12 @@ class Layout:
 
 
 @st.composite
-def layouts(draw: st.DrawFn, max_requests: int = 6, max_k: int = 4, min_requests: int = 0) -> Layout:
+def layouts(draw: st.DrawFn, max_requests: int = 6, max_k: int = 4, min_requests: int = 0, busy: bool = False) -> Layout:
+    """``busy``: at least one request has drafts (drawn batches are often empty or draft-less)."""
     k = draw(st.integers(1, max_k))
-    drafts = draw(st.lists(st.integers(0, k), min_size=min_requests, max_size=max_requests))
+    drafts = draw(st.lists(st.integers(0, k), min_size=max(min_requests - busy, 0), max_size=max_requests - busy))
+    if busy:
+        drafts.insert(draw(st.integers(0, len(drafts))), draw(st.integers(1, k)))
     if 0 in drafts:
         event("request without drafts")
     max_reqs = len(drafts) + draw(st.sampled_from([0, 0, 2, 5]))
@@ -194,8 +197,8 @@ def _logits(g: torch.Generator, shape: tuple[int, ...], style: str) -> torch.Ten
 
 
 @st.composite
-def scenes(draw: st.DrawFn, greedy: str | None = None, draft_logits: bool | None = None) -> Scene:
-    lay = draw(layouts(max_requests=5))
+def scenes(draw: st.DrawFn, greedy: str | None = None, draft_logits: bool | None = None, busy: bool = False) -> Scene:
+    lay = draw(layouts(max_requests=5, busy=busy))
     g = generator(draw(seeds))
     block = draw(st.sampled_from([8192, 4, 8, 16]))
     vocab = draw(st.integers(1, 40)) if block != 8192 else draw(st.sampled_from([5, 37, 8200]))
@@ -460,15 +463,56 @@ def rejection_cases() -> st.SearchStrategy[Case]:
     return _rejection_cases()
 
 
+def _random_request(draw: st.DrawFn, sc: Scene) -> tuple[Scene, int | None]:
+    """The (busy) scene with one request that has drafts made random (temperature 1 where it was
+    greedy), and its index; None where a one-token vocabulary leaves no token to choose."""
+    if sc.vocab < 2:
+        return sc, None
+    r = draw(st.sampled_from([r for r, n in enumerate(sc.lay.drafts) if n]))
+    temp = sc.temp.clone()
+    slot = sc.lay.slots[r]
+    if float(temp[slot]) == 0.0:
+        temp[slot] = 1.0
+    return replace(sc, temp=temp), r
+
+
+def _joint_ratio_near_half(sc: Scene, tokens: torch.Tensor, r: int) -> None:
+    """Request ``r``'s drafts all valid: each but the last the token that keeps the joint ratio
+    min(1, prod p/q) highest, the last the one that puts it nearest 1/2. Block verification's last
+    step then accepts with about even odds (it takes the whole block, so it decides the outcome):
+    the step's uniform, and so its per-step seed, shows in the result. Drafts as drawn left that
+    ratio at 1 or near 0 in almost every case: a kernel keying step i with step i + 1's seed
+    survived 7 of 10 seeds of the ci profile."""
+    lay = sc.lay
+    start, n, slot = lay.cu[r], lay.drafts[r], lay.slots[r]
+    mine = tokens[start + 1 : start + n + 1]
+    mine.clamp_(min=0)  # a placeholder would end the request's verification
+    log_ratio = torch.zeros(())
+    for i in range(n):
+        step = log_ratio + torch.log_softmax(sc.target[start + i, : sc.vocab].float(), 0)
+        if sc.draft is not None:
+            step = step - torch.log_softmax(sc.draft[slot, i, : sc.vocab].float() / sc.temp[slot], 0)
+        step = step.clamp(max=0.0).nan_to_num(0.0)
+        mine[i] = int((step.exp() - 0.5).abs().argmin() if i == n - 1 else step.argmax())
+        log_ratio = step[int(mine[i])]
+
+
 @st.composite
 def _rejection_cases(draw: st.DrawFn) -> Case:
-    sc = draw(scenes())
-    lay = sc.lay
-    g = generator(draw(seeds))
     mode = draw(st.sampled_from(["standard", "synthetic", "block", "fly"]))
     event(f"verification: {mode}")
+    aim = mode == "block" and draw(st.booleans())
+    sc = draw(scenes(busy=aim))
+    g = generator(draw(seeds))
+    aimed = None
+    if aim:
+        sc, aimed = _random_request(draw, sc)
+    lay = sc.lay
     stats = computed_stats(sc, draw)
     tokens = likely_drafts(draw, g, sc)
+    if aimed is not None:
+        _joint_ratio_near_half(sc, tokens, aimed)
+        event("block verification: a random request's joint ratio near 1/2")
     nb = -(-sc.vocab // sc.block)
     cumulative = residual = entropy = rates = None
     if mode == "block":
