@@ -72,6 +72,32 @@ def _is_greedy(draw: st.DrawFn, greedy: list[bool], optional: bool) -> torch.Ten
     return torch.tensor(greedy, dtype=torch.bool)
 
 
+def _greedy_row(draw: st.DrawFn, bt: Batch, window: int) -> bool:
+    """Makes one request whose drafts outnumber the window greedy (so that runs can be planted in
+    it); False where none does."""
+    fits = [r for r, n in enumerate(bt.n) if n > window]
+    if not fits:
+        return False
+    bt.greedy[draw(st.sampled_from(fits))] = True
+    return True
+
+
+def _mask_a_deferral(draw: st.DrawFn, args: dict[str, object]) -> None:
+    """A position the oracle defers gets a -inf draft logit (masked by top-k: the target could
+    never emit it), which must then keep it rejected. The drawn -inf cells rarely met a deferral:
+    a kernel that skips the logit's test survived 5 of 10 seeds of the ci profile."""
+    from reference import fly as oracle
+
+    probe = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    oracle.apply_fly_greedy_acceptance_kernel(**probe)
+    argmax, logits = args["target_argmax_ptr"], args["target_logits_ptr"]
+    deferred = (probe["target_argmax_ptr"] != argmax).nonzero().flatten().tolist()
+    if deferred:
+        i = draw(st.sampled_from(deferred))
+        logits[i, int(args["draft_token_ids_ptr"][i])] = float("-inf")
+        event("a deferral's draft logit -inf")
+
+
 @cases_for("apply_fly_greedy_acceptance_kernel")
 def greedy_cases() -> st.SearchStrategy[Case]:
     return _greedy_cases()
@@ -81,6 +107,7 @@ def greedy_cases() -> st.SearchStrategy[Case]:
 def _greedy_cases(draw: st.DrawFn) -> Case:
     bt, g, window, threshold = _step(draw)
     t, v = bt.t, bt.vocab
+    aim = draw(st.booleans()) and _greedy_row(draw, bt, window)
     col = bt.draft.to(torch.int64).clamp(0, v - 1)
     # Most argmaxes equal the draft, so that windows confirm; planted runs make deferrals likely.
     same = torch.rand(t, generator=g) < 0.7
@@ -105,6 +132,8 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
         fly_entropy_threshold=threshold,
         FLY_WINDOW_SIZE=window,
     )
+    if aim:
+        _mask_a_deferral(draw, args)
     return Case("apply_fly_greedy_acceptance_kernel", args)
 
 
