@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import contracts
@@ -108,3 +110,26 @@ def test_commands_that_need_the_source_tree_say_so_outside_it(argv, tmp_path, mo
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and "run it from a clone" in err and "Traceback" not in err, err
+
+
+def _voters(**status: str) -> dict[str, dict[str, Any]]:
+    return {b: {"status": s, "message": f"{b} {s}"} for b, s in status.items()}
+
+
+def test_a_conformance_kill_names_the_faulty_backend_or_needs_a_majority():
+    three = {"k": _voters(reference="pass", triton="pass", cpu="fail")}
+    assert mutants.conformance_kill(three, "cpu") == (True, "cpu fail")
+    assert mutants.conformance_kill(three, "triton") == (False, "")
+    assert mutants.conformance_kill(three, "reference") == (False, "")  # two of three agree with the oracle
+    outvoted = {"k": _voters(reference="fail", triton="pass", cpu="pass")}
+    assert mutants.conformance_kill(outvoted, "reference")[0]
+
+
+def test_an_oracle_fault_on_a_two_voter_kernel_is_killed_by_the_disagreement():
+    # A host function (no Triton form): the port is held to the oracle; a planted oracle fault shows
+    # as the port failing, and no majority can name either.
+    two = {"host": _voters(reference="pass", triton="n/a", cpu="fail")}
+    killed, why = mutants.conformance_kill(two, "reference")
+    assert killed and "two voters" in why
+    assert mutants.conformance_kill({"host": _voters(reference="pass", triton="n/a", cpu="pass")}, "reference") == (False, "")
+    assert not mutants.conformance_kill(two, "triton")[0]

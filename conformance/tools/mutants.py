@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.arguments import backend_name, input_file, output_file, shard
+from conformance.backends import ORACLE
 from conformance.profiles import PROFILES, chosen
 
 try:
@@ -57,6 +58,7 @@ def source_tree(command: str) -> Path:
                          f"and this specdiff is installed without one ({ROOT}): run it from a clone")
     return ROOT
 CATALOGUE = Path(__file__).with_name("mutants.toml")
+FAILED = ("fail", "error", "crash")
 CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens", "compile", "tsan")
 FUZZ_LAUNCHES = 900  # malformed cases per mutant kernel (about 43 of each of the 21 kinds)
 CHECK_TIMEOUT = 900  # seconds; a mutant that hangs a check is killed by the timeout
@@ -236,6 +238,24 @@ def _names_backend(text: str, backend: str) -> bool:
     return f" on {backend}:" in text or f"'{backend} (" in text or f"{backend} failed" in text
 
 
+def conformance_kill(kernels: dict[str, dict[str, Any]], backend: str) -> tuple[bool, str]:
+    """Whether a conformance report (its "kernels") kills a fault of ``backend``, and the first line
+    saying so: a report that names the backend as failing. An oracle fault on a kernel with two
+    voters (a host function has no Triton form) cannot be outvoted: the runner holds the other one
+    to the oracle, and their disagreement is the detection."""
+    hit = [k for k, per in kernels.items() if per.get(backend, {}).get("status") in FAILED]
+    msg = next((per[backend]["message"] for k, per in kernels.items() if k in hit), "") or ""
+    if not hit and backend == ORACLE:
+        for k, per in kernels.items():
+            voted = {b: r for b, r in per.items() if r.get("status") in ("pass", *FAILED)}
+            wrong = [b for b, r in voted.items() if r["status"] in FAILED]
+            if len(voted) == 2 and wrong:
+                hit.append(k)
+                msg = f"{k}: {wrong[0]} disagrees with the oracle (two voters: no majority names either)"
+                break
+    return bool(hit), msg.strip().splitlines()[0] if msg.strip() else ""
+
+
 def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | None = None) -> Result:
     reports = s.dir / "reports"
     reports.mkdir(exist_ok=True)
@@ -256,10 +276,8 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
             return Result(name, True, sec, _crash(rc))
         if not report.exists():
             return Result(name, rc != 0, sec, out[-400:])
-        data = json.loads(report.read_text())["kernels"]
-        hit = [k for k, per in data.items() if per.get(m.backend, {}).get("status") in ("fail", "error", "crash")]
-        msg = next((per[m.backend]["message"] for k, per in data.items() if k in hit), "") or ""
-        return Result(name, bool(hit), sec, msg.strip().splitlines()[0] if msg.strip() else "")
+        killed, msg = conformance_kill(json.loads(report.read_text())["kernels"], m.backend)
+        return Result(name, killed, sec, msg)
     if name == "threads":
         if m.backend != "cpu":
             return Result(name, None)
