@@ -133,3 +133,8 @@ def test_an_oracle_fault_on_a_two_voter_kernel_is_killed_by_the_disagreement():
     assert killed and "two voters" in why
     assert mutants.conformance_kill({"host": _voters(reference="pass", triton="n/a", cpu="pass")}, "reference") == (False, "")
     assert not mutants.conformance_kill(two, "triton")[0]
+
+
+def test_a_backend_that_did_not_run_is_said_so_not_counted_a_survival():
+    report = {"k": {"reference": {"status": "pass"}, "cpu": {"status": "skipped", "message": "the C++ extension is not built"}}}
+    assert mutants.conformance_kill(report, "cpu") == (False, "could not run: the C++ extension is not built")

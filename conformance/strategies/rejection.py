@@ -147,24 +147,28 @@ def _uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tenso
     return u
 
 
-def _rate_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Tensor) -> None:
+def _rate_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Tensor) -> int | None:
     """In half the synthetic cases, one request's first uniform sits exactly on the first rate: the
     first test always runs, and there C8's strict u < rate parts from u <= rate. Planted cells alone
     (``_uniforms``) reached it too rarely: a non-strict port survived 2 of 10 seeds of 200. One
-    request only, so the others keep their acceptance chains (placeholders later in a row)."""
+    request only, so the others keep their acceptance chains (placeholders later in a row). Returns
+    the cell it planted, or None."""
     firsts = [s for s, n in zip(itertools.accumulate([0, *bt.n[:-1]]), bt.n) if n]
     if not draw(st.booleans()) or not firsts or not len(rates) or not 0.0 <= float(rates[0]) < 1.0:
-        return
-    u[firsts[draw(st.integers(0, len(firsts) - 1))]] = float(rates[0])
+        return None
+    i = firsts[draw(st.integers(0, len(firsts) - 1))]
+    u[i] = float(rates[0])
+    return i
 
 
-def _placeholder_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Tensor) -> None:
-    """In half the synthetic K1 cases, one request's first draft is a -1 placeholder whose uniform
-    (0) is below a positive first rate: the rate alone would accept it, C10 refuses it. Placeholders
-    drawn anywhere in a row were reached under too few of ten seeds for a port that forgot C10."""
-    firsts = [s for s, n in zip(itertools.accumulate([0, *bt.n[:-1]]), bt.n) if n]
-    if not draw(st.booleans()) or not firsts or not len(rates):
-        return
+def _placeholder_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Tensor, taken: int | None) -> None:
+    """In half the synthetic K1 cases, one request's first draft (not the one ``_rate_on_first``
+    planted) is a -1 placeholder whose uniform (0) is below a positive first rate: the rate alone
+    would accept it, C10 refuses it. Placeholders drawn anywhere in a row were reached under too few
+    of ten seeds for a port that forgot C10."""
+    firsts = [s for s, n in zip(itertools.accumulate([0, *bt.n[:-1]]), bt.n) if n and s != taken]
+    if not draw(st.booleans()) or not firsts or not len(rates) or (taken is not None and not float(rates[0]) > 0.0):
+        return  # a zero first rate the other corner sits on stays zero
     i = firsts[draw(st.integers(0, len(firsts) - 1))]
     bt.draft[i], u[i] = -1, 0.0
     if not float(rates[0]) > 0.0:
@@ -189,8 +193,7 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
     if synthetic:
         pos = torch.cat([torch.arange(k) for k in bt.n]) if bt.t else torch.zeros(0, dtype=torch.int64)
         u = draw(_uniforms(g, bt.t, rates[pos].to(torch.float64)))
-        _rate_on_first(draw, u, bt, rates)
-        _placeholder_on_first(draw, u, bt, rates)
+        _placeholder_on_first(draw, u, bt, rates, _rate_on_first(draw, u, bt, rates))
     else:
         u = draw(st.sampled_from([None, "given"]))
         u = None if u is None else torch.rand(bt.t, dtype=torch.float64, generator=g)

@@ -245,6 +245,9 @@ def conformance_kill(kernels: dict[str, dict[str, Any]], backend: str) -> tuple[
     to the oracle, and their disagreement is the detection."""
     hit = [k for k, per in kernels.items() if per.get(backend, {}).get("status") in FAILED]
     msg = next((per[backend]["message"] for k, per in kernels.items() if k in hit), "") or ""
+    skipped = [per[backend].get("message") or "" for per in kernels.values() if per.get(backend, {}).get("status") == "skipped"]
+    if not hit and skipped:  # the backend did not run here (an unbuilt extension): not a survival to count
+        return False, f"could not run: {skipped[0]}".strip().splitlines()[0]
     if not hit and backend == ORACLE:
         for k, per in kernels.items():
             voted = {b: r for b, r in per.items() if r.get("status") in ("pass", *FAILED)}
@@ -324,6 +327,9 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
         if rc is None:
             return Result(name, True, sec, "timed out")
         race = next((line.strip() for line in out.splitlines() if "WARNING: ThreadSanitizer" in line), "")
+        if rc != 0 and not race:  # the sanitizer did not run (no TSan runtime, a failed build): say so
+            tail = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
+            return Result(name, False, sec, f"could not run (exit {rc}): {tail}"[:300])
         return Result(name, rc != 0 and bool(race), sec, race)
     if name == "compile":
         if m.backend != "triton":
