@@ -288,7 +288,12 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
         rc, out, sec = _run(s, ["-m", "conformance", "threads", "--profile", profile, *kernels, "--report", str(report)], CHECK_TIMEOUT)
         if _crash(rc):
             return Result(name, True, sec, _crash(rc))
-        return Result(name, rc != 0, sec, _first_message(report, out))
+        # A kill is outputs that differ between thread counts, not a check that could not run.
+        found = json.loads(report.read_text()).get("kernels", {}) if report.exists() else {}
+        differ = [e.get("message") or "" for e in found.values() if e.get("status") == "fail"]
+        if differ:
+            return Result(name, True, sec, differ[0].strip().splitlines()[0] if differ[0].strip() else "")
+        return Result(name, False, sec, "" if rc == 0 else f"could not run (exit {rc}): {_first_message(report, out)}"[:300])
     if name == "fuzz":
         from conformance.backends import BACKENDS
 
@@ -307,7 +312,10 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
         if _crash(rc):
             return Result(name, True, sec, _crash(rc))
         fails = [line.strip() for line in out.splitlines() if " FAIL " in line]
-        return Result(name, rc != 0, sec, fails[0] if rc != 0 and fails else "")
+        if rc != 0 and not fails:
+            tail = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
+            return Result(name, False, sec, f"could not run (exit {rc}): {tail}"[:300])
+        return Result(name, rc != 0, sec, fails[0] if rc != 0 else "")
     if name == "goldens":
         families = sorted({_family(k) for k in m.kernels})
         # The family's goldens, and the large-shape tier (offsets past 2**31, every family).
@@ -450,16 +458,18 @@ def _cmd(ns: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     incomplete = None
     try:  # the report is written whatever happens: the rows so far, and why the run stopped
-        if any(m.file.startswith("csrc/") for m in chosen):
-            t = time.perf_counter()
-            built = s.build()
-            if built.returncode != 0:
-                print((built.stdout + built.stderr)[-3000:])
-                print("FAILED: the unmutated tree does not build")
-                incomplete = "the unmutated tree does not build"
-                return 1
-            s.save_pristine()
-            print(f"  built the unmutated extension in {time.perf_counter() - t:.0f} s", flush=True)
+        # Always: the copy's port votes on every fault (a launcher fault is its Python, an oracle
+        # fault is outvoted by it). Unbuilt, the copy would import whatever extension an editable
+        # install of the checkout points at, or none, and the port's checks would not run.
+        t = time.perf_counter()
+        built = s.build()
+        if built.returncode != 0:
+            print((built.stdout + built.stderr)[-3000:])
+            print("FAILED: the unmutated tree does not build")
+            incomplete = "the unmutated tree does not build"
+            return 1
+        s.save_pristine()
+        print(f"  built the unmutated extension in {time.perf_counter() - t:.0f} s", flush=True)
         for m in chosen:
             row = evaluate(m, s, ns.profile, ns.all_checks, ns.seed)
             rows.append(row)
