@@ -272,13 +272,14 @@ def mutants(session: nox.Session) -> None:
 def nightly(session: nox.Session) -> None:
     """What does not fit CI's 45 minutes: the whole catalogue of planted faults (each C++ fault rebuilds
     the extension in a scratch tree, about 35 s), the C++ port's AVX2 and baseline clones against the
-    oracle (two more builds), then conformance under the nightly profile (2,000 examples per kernel and
+    oracle (two more builds), the malformed-input fuzz under ASan+UBSan, then conformance under the nightly profile (2,000 examples per kernel and
     backend) over every core; NIGHTLY_SHARD=K/N runs one share of the catalogue and of conformance."""
     install(session, "test")
     # NIGHTLY_SHARD=K/N runs the K-th of N shares of the catalogue and of conformance (one per machine).
     shard = [f"--shard={os.environ['NIGHTLY_SHARD']}"] if os.environ.get("NIGHTLY_SHARD") else []
     session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *shard, *session.posargs)
     session.run("python", "-m", "conformance", "clones")
+    session.run("python", "-m", "conformance", "sanitize", "--step", "fuzz")  # CI runs the other two steps
     session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "--junitxml=reports/conformance-nightly.xml",
                 "--conformance-report=reports/conformance-nightly.json", *shard, env={"SPECDIFF_PROFILE": "nightly"})
 

@@ -141,6 +141,9 @@ def _engine(ns: argparse.Namespace, reports: Path) -> int:
     return 0
 
 
+ADDRESS_STEPS = ("conformance", "fuzz", "threads")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sanitize", help="build the C++ port with ASan+UBSan in a scratch copy and run conformance, fuzz and threads under it")
     p.add_argument("--profile", default=chosen(), choices=PROFILES)
@@ -155,6 +158,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--sanitizer", choices=("address", "thread"), default="address",
                    help="address: ASan + UBSan over conformance, fuzz and threads; thread: TSan (with LLVM's OpenMP runtime and "
                         f"Archer) over the thread check at {THREAD_TEAMS} threads, every region forced parallel")
+    p.add_argument("--step", action="append", choices=ADDRESS_STEPS,
+                   help="only this step under ASan+UBSan (repeatable; default: all three). CI runs conformance and threads; "
+                        "the fuzz under ASan runs nightly")
     p.set_defaults(func=_cmd)
 
 
@@ -196,6 +202,8 @@ def _cmd(ns: argparse.Namespace) -> int:
             ("threads", ["threads", "--profile", ns.profile, *kernels, "--report", str(reports / "sanitize-threads.json"),
                          "--junit", str(reports / "sanitize-threads.xml")]),
         ]
+        if ns.step and not thread:
+            steps = [(name, args) for name, args in steps if name in ns.step]
         failed = []
         for name, args in steps:
             t = time.perf_counter()
