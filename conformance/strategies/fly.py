@@ -82,6 +82,26 @@ def _greedy_row(draw: st.DrawFn, bt: Batch, window: int) -> bool:
     return True
 
 
+def _overflowing_window(draw: st.DrawFn, bt: Batch, window: int, reject: torch.Tensor, accept: torch.Tensor) -> list[int]:
+    """A rejection at the first position whose window does not fit (pos + W == n) of a request
+    followed by another draft, the request made greedy, the rest of it and that next draft accepted
+    (marked in ``reject`` and ``accept``): a window run one past the request's end would defer it.
+    Planted runs stop where windows fit: a port off by one there survived a seed of the ci profile.
+    Returns the rejected position, or none where no request is that long or none follows."""
+    ends, start = [], 0
+    for r, n in enumerate(bt.n):
+        if window >= 1 and n >= window and start + n < bt.t:
+            ends.append((r, start + n - window))
+        start += n
+    if not ends:
+        return []
+    r, i = draw(st.sampled_from(ends))
+    bt.greedy[r] = True
+    reject[i], accept[i] = True, False
+    reject[i + 1 : i + 1 + window], accept[i + 1 : i + 1 + window] = False, True
+    return [i]
+
+
 def _mask_a_deferral(draw: st.DrawFn, args: dict[str, object]) -> None:
     """A position the oracle defers gets a -inf draft logit (masked by top-k: the target could
     never emit it), which must then keep it rejected. The drawn -inf cells rarely met a deferral:
@@ -113,6 +133,8 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
     same = torch.rand(t, generator=g) < 0.7
     differ = torch.zeros(t, dtype=torch.bool)
     hot = _plant_runs(draw, bt, True, window, differ, same)
+    if draw(st.booleans()):
+        hot += _overflowing_window(draw, bt, window, differ, same)
     argmax = torch.where(same & ~differ, col, (col + 1 + torch.randint(0, max(v - 1, 1), (t,), generator=g)) % v)
     logits = torch.randn(t + draw(st.integers(0, 1)), v, generator=g)
     # The draft's own logit at -inf never defers; NaN neither.
