@@ -313,8 +313,7 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
             return Result(name, True, sec, _crash(rc))
         fails = [line.strip() for line in out.splitlines() if " FAIL " in line]
         if rc != 0 and not fails:
-            tail = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
-            return Result(name, False, sec, f"could not run (exit {rc}): {tail}"[:300])
+            return _could_not_run(name, rc, sec, out)
         return Result(name, rc != 0, sec, fails[0] if rc != 0 else "")
     if name == "goldens":
         families = sorted({_family(k) for k in m.kernels})
@@ -335,9 +334,8 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
         if rc is None:
             return Result(name, True, sec, "timed out")
         race = next((line.strip() for line in out.splitlines() if "WARNING: ThreadSanitizer" in line), "")
-        if rc != 0 and not race:  # the sanitizer did not run (no TSan runtime, a failed build): say so
-            tail = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
-            return Result(name, False, sec, f"could not run (exit {rc}): {tail}"[:300])
+        if rc != 0 and not race:  # the sanitizer did not run (no TSan runtime, a failed build)
+            return _could_not_run(name, rc, sec, out)
         return Result(name, rc != 0 and bool(race), sec, race)
     if name == "compile":
         if m.backend != "triton":
@@ -348,6 +346,12 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
             return Result(name, True, sec, _crash(rc))
         return Result(name, rc == 1, sec, _first_message(report, out))
     raise ValueError(name)
+
+
+def _could_not_run(name: str, rc: int, sec: float, out: str) -> Result:
+    """Not a kill: the check exited non-zero without finding anything (its last line says why)."""
+    tail = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
+    return Result(name, False, sec, f"could not run (exit {rc}): {tail}"[:300])
 
 
 def _first_message(report: Path, out: str) -> str:
