@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,14 @@ def test_an_explanation_named_by_a_contract_exists(spec):
     from conformance.runner import _explainer
 
     assert callable(_explainer(spec)), spec.explain
+
+
+def test_the_readme_layout_table_names_what_the_tree_has():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| layer | what it is |"):].split("\n\n", 1)[0]
+    named = {p for row in table.splitlines()[2:] for p in re.findall(r"`([\w./-]+/(?:[\w.]+)?)`", row.split("|")[1])}
+    assert named >= {"contracts/", "reference/", "triton_impl/", "conformance/", "conformance/tools/", "compositions/"}
+    assert [p for p in sorted(named) if not (ROOT / p).exists()] == []
+    # Every package of the tree is in the table.
+    packages = {f"{p.parent.relative_to(ROOT)}/" for p in ROOT.glob("*/__init__.py")} | {"conformance/tools/"}
+    assert packages <= named | {"tests/", "benchmarks/"}, packages - named
