@@ -132,6 +132,18 @@ def test_cli_runs_and_writes_the_report(tmp_path):
     assert entry["cpu"]["examples"] >= 50
 
 
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_profiles_are_the_same_whether_or_not_the_environment_says_ci(ci):
+    # Where CI is set, Hypothesis loads its own derandomized profile at import; ours must not inherit
+    # it, or `--profile dev --seed N` draws other cases in CI than on a laptop (it hid a planted fault).
+    probe = ("from hypothesis import settings; import conformance.profiles as p; "
+             "print([(n, settings.get_profile(n).derandomize, settings.get_profile(n).max_examples) for n in p.PROFILES])")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "GITHUB_ACTIONS", "TF_BUILD", "BUILDKITE")}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**env, "CI": ci} if ci else env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[('dev', False, 50), ('ci', True, 200), ('nightly', False, 2000)]"
+
+
 # -- the command line checks names and paths before it runs ------------------------------------------
 def _usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
