@@ -124,13 +124,25 @@ def max_and_sumexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m, torch.where(live, exact_sum(torch.where(live[..., None], e, 0.0)), 0.0)
 
 
+def tree_sum(terms: torch.Tensor) -> torch.Tensor:
+    """C29's float64 sum of a row of per-tile terms: zero-padded to a power of two, then added in
+    pairs, ``(t0 + t1), (t2 + t3), ...``, and the pairs in pairs, down to one value. Each addition
+    rounds once and the order is fixed, so every backend gets the same bits, and a GPU adds a level
+    at a time (log2 steps, where an order along the tiles is one step per tile). More zero padding
+    changes nothing (``x + 0 == x`` for terms >= 0, once each has had 0 added): a kernel may pad to
+    its ``PADDED_*`` width."""
+    x = terms.to(F64).reshape(-1) + 0.0  # -0.0 becomes 0.0, so that padding cannot change a sign
+    width = 1 << max(x.numel() - 1, 0).bit_length()
+    x = torch.cat([x, x.new_zeros(width - x.numel())])
+    while x.numel() > 1:
+        x = x[0::2] + x[1::2]
+    return x[0]
+
+
 def logsumexp(m: torch.Tensor, se: torch.Tensor) -> torch.Tensor:
     """C29 log-sum-exp of a row from its tile maxima ``m`` and sums ``se`` (float32):
-    ``G + log(T)``, ``G = max m``, ``T`` the float64 sum in tile order of ``se_b * exp32(m_b - G)``
-    (each product exact in float64, so a fused multiply-add changes nothing), rounded to float32."""
+    ``G + log(T)``, ``G = max m``, ``T`` the ``tree_sum`` of ``se_b * exp32(m_b - G)`` (each product
+    exact in float64, so a fused multiply-add changes nothing), rounded to float32."""
     g = m.max()
-    e = exp32(m - g)
-    total = torch.zeros((), dtype=F64)
-    for term in se.to(F64) * e.to(F64):
-        total = total + term
+    total = tree_sum(se.to(F64) * exp32(m - g).to(F64))
     return (g.to(F64) + torch.log(total)).to(F32)

@@ -81,12 +81,26 @@ void numerics(Buffer exp_out, Buffer log_out, Buffer log1p_out, Buffer x, bool l
   if (lanes) exp32_lanes(x.as<float>(), exp_out.as<float>(), n);
 }
 
+// C29's tree_sum of each row's first n terms (rows of `stride` float64 values), as the kernels sum tiles.
+void tree_sums(Buffer out, Buffer x, std::int64_t rows, std::int64_t stride, std::int64_t n) {
+  need_at_least(kProbe, "n", n, 0);
+  need_at_least(kProbe, "stride", stride, n);
+  need_at_least(kProbe, "rows", rows, 0);
+  need_dtype("x", x, kFloat64, rows * stride);
+  need_dtype("out", out, kFloat64, rows);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double* row = x.as<double>() + r * stride;
+    out.as<double>()[r] = gumbel::tree_sum([&](std::int64_t b) { return row[b]; }, n);
+  }
+}
+
 }  // namespace
 
 void register_gumbel(py::module_& m) {
   m.def("philox", &philox);
   m.def("murmur3", &murmur3);
   m.def("numerics", &numerics);
+  m.def("tree_sums", &tree_sums);
 }
 
 }  // namespace specdiff

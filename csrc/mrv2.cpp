@@ -435,14 +435,14 @@ struct Stats {
   std::int64_t sumexp_stride;
 };
 
-// C29: G + log(T), T the float64 sum in tile order of sumexp_b * exp32(max_b - G) (exact products).
+// C29: G + log(T), T the tree_sum of sumexp_b * exp32(max_b - G) (exact products).
 inline float logsumexp(const Stats& s, std::int64_t row, std::int64_t nb) {
   const float* m = s.max + row * s.max_stride;
   const float* se = s.sumexp + row * s.sumexp_stride;
   float g = kNegInf;
   for (std::int64_t b = 0; b < nb; ++b) g = std::max(g, m[b]);
-  double total = 0.0;
-  for (std::int64_t b = 0; b < nb; ++b) total += static_cast<double>(se[b]) * static_cast<double>(gumbel::exp32(m[b] - g));
+  const double total = gumbel::tree_sum(
+      [&](std::int64_t b) { return static_cast<double>(se[b]) * static_cast<double>(gumbel::exp32(m[b] - g)); }, nb);
   return static_cast<float>(static_cast<double>(g) + std::log(total));
 }
 
@@ -932,9 +932,8 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
           if (next >= 0) {
             float mass;
             if (has_draft) {
-              double total = 0.0;  // K15's tiles, float64 in tile order (C29)
-              for (std::int64_t b = 0; b < nb; ++b) total += residual.as<float>()[(row + 1) * residual_stride + b];
-              mass = static_cast<float>(total);
+              const float* tiles = residual.as<float>() + (row + 1) * residual_stride;  // K15's (C29's tree_sum)
+              mass = static_cast<float>(gumbel::tree_sum([&](std::int64_t b) { return static_cast<double>(tiles[b]); }, nb));
             } else {
               const float p = gumbel::exp32(to_float(target.as<T>()[(row + 1) * target_stride + next]) - logsumexp(ts, row + 1, nb));
               mass = ratio * (1.0f - p);

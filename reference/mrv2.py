@@ -256,13 +256,10 @@ def _global_argmax(a: dict, row: int, nb: int) -> int:
 
 def _residual_mass(a: dict, row: int, token: int, ratio: torch.Tensor, nb: int) -> torch.Tensor:
     """The block-verification residual mass at ``row`` (the next step): K15's tiles summed in
-    float64 in tile order (C29), or for a one-hot draft ``ratio * (1 - p(token))``."""
+    float64 as C29's ``tree_sum`` and rounded, or for a one-hot draft ``ratio * (1 - p(token))``."""
     if a["HAS_DRAFT_LOGITS"]:
         partials = a["local_residual_mass_ptr"].reshape(-1)[row * a["local_residual_mass_stride"] :][:nb]
-        total = torch.zeros((), dtype=torch.float64)
-        for x in partials.to(torch.float64):
-            total = total + x
-        return total.to(F32)
+        return numerics.tree_sum(partials).to(F32)
     x = a["target_logits_ptr"].reshape(-1)[row * a["target_logits_stride"] + token].to(F32)
     m_b = numerics.exp32(x - contract.row_logsumexp(a, "target", row, nb))
     return ratio * (1.0 - m_b)

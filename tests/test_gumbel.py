@@ -9,6 +9,7 @@ import struct
 
 import pytest
 import torch
+import triton
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -339,3 +340,36 @@ def test_fma32_rounds_once():
     # The float64 sum rounded to float32 (double rounding: about 2^-29 rare; this seed has none).
     exact = (x.double() * y.double() + z.double()).to(F32)
     assert_bits_equal("fma32", exact, numerics.fma32(x, y, z))
+
+
+def test_tree_sum_three_ways_and_padding_changes_nothing():
+    # C29's tree_sum: the log-sum-exps' T and block verification's residual mass. Terms over many
+    # binades (where the order of additions shows), zeros and -0.0, counts that are and are not
+    # powers of two; Triton pads each row to one and to four times the power of two.
+    g = torch.Generator().manual_seed(10)
+    for n in (1, 2, 3, 5, 19, 32, 33, 100):
+        rows = 64
+        x = torch.rand(rows, n, generator=g, dtype=F64) * torch.exp2(torch.randint(-60, 17, (rows, n), generator=g).to(F64))
+        x[0] = 0.0
+        x[1, :] = -0.0
+        x[2, ::2] = -0.0
+        x[3] = 1.0
+        x[3, -1] = 2.0**-53  # lost beside a 1, kept beside another term as small
+        want = torch.stack([numerics.tree_sum(r) for r in x])
+        cpp = torch.empty(rows, dtype=F64)
+        _C.gumbel.tree_sums(buf(cpp), buf(x), rows, n, n)
+        assert_bits_equal(f"tree_sum cpu n={n}", want, cpp)
+        for width in (triton.next_power_of_2(n), 4 * triton.next_power_of_2(n)):
+            got = torch.empty(rows, dtype=F64, device=device())
+            tri._tree_sum_probe_kernel[(rows,)](got, x.to(device()), n, n, WIDTH=width)
+            assert_bits_equal(f"tree_sum triton n={n} width={width}", want, got)
+        assert bits(want[1]) == 0  # -0.0 terms sum to +0.0
+        if n >= 19:  # the order is the tree's, not the tiles': some row tells them apart
+            assert any(numerics.tree_sum(r).item() != _in_order(r) for r in x)
+
+
+def _in_order(r: torch.Tensor) -> float:
+    total = 0.0
+    for v in r.tolist():
+        total += v
+    return total

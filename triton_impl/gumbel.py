@@ -261,6 +261,27 @@ def _div_probe_kernel(out_ptr, x_ptr, t_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + i, div_by(tl.load(x_ptr + i, mask=mask, other=1.0), t, reciprocal(t)), mask=mask)
 
 
+@triton.jit
+def tree_sum(terms):
+    # C29's tree_sum of a power-of-two float64 vector (zero-padded by the caller): adjacent pairs
+    # added, a level at a time, to one value; each term first gets + 0.0 (-0.0 becomes 0.0, so the
+    # padding's width cannot change a sign). log2 vector steps where an order along the tiles took
+    # a reduction per tile.
+    x = terms + 0.0
+    for _ in tl.static_range(32):
+        if x.shape[0] > 1:
+            left, right = tl.split(tl.reshape(x, (x.shape[0] // 2, 2)))
+            x = left + right
+    return tl.reshape(x, ())
+
+@triton.jit
+def _tree_sum_probe_kernel(out_ptr, x_ptr, x_stride, n, WIDTH: tl.constexpr):
+    # one row of x (its first n terms, zero-padded to WIDTH) per program
+    row = tl.program_id(0)
+    i = tl.arange(0, WIDTH)
+    tl.store(out_ptr + row, tree_sum(tl.load(x_ptr + row * x_stride + i, mask=i < n, other=0.0).to(tl.float64)))
+
+
 SUM_SCALE = tl.constexpr(70368744177664.0)  # 2^46 (C29)
 
 

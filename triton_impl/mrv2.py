@@ -21,12 +21,12 @@ from triton_impl.gumbel import (
     reciprocal,
     spec_step_seed,
     tl_rand32,
+    tree_sum,
     units_to_float,
 )
 
 # Tiles are read in slices of these many columns where a kernel keeps several values per column
-# (registers, not the tile, bound the work in flight); ORDER_CHUNK tile statistics are read at once.
-ORDER_CHUNK = tl.constexpr(16)
+# (registers, not the tile, bound the work in flight).
 RESIDUAL_SLICE = tl.constexpr(1024)
 STATS_SLICE = tl.constexpr(2048)
 
@@ -214,31 +214,15 @@ def _insert_resampled_kernel(
 
 
 @triton.jit
-def _sum_in_order(total, terms):
-    # total + terms[0] + terms[1] + ... in float64, in index order (C29's "tile order"): each term
-    # leaves the registers through a masked sum of one value and zeros, which is exact. (Unrolled
-    # scalar loads instead were slower on the GPU: 16 scalar exp32 per chunk in every thread.)
-    lanes = tl.arange(0, ORDER_CHUNK)
-    for j in tl.static_range(ORDER_CHUNK):
-        total += tl.sum(tl.where(lanes == j, terms, 0.0), axis=0)
-    return total
-
-
-@triton.jit
 def _logsumexp(max_ptr, max_stride, sumexp_ptr, sumexp_stride, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS: tl.constexpr):
-    # C29: G = max of the tile maxima; T = float64 sum, in tile order, of sumexp_b * exp32(m_b - G)
-    # (exact products: fusing changes nothing); G + log(T) rounded to float32. The tiles are read a
-    # vector at a time (one memory round trip per ORDER_CHUNK tiles, not per tile), and the tile
-    # terms' exp32 is one vector operation.
+    # C29: G = max of the tile maxima; T = tree_sum of sumexp_b * exp32(m_b - G) (exact products:
+    # fusing changes nothing); G + log(T) rounded to float32. One vector of tiles, read once.
     blocks = tl.arange(0, PADDED_VOCAB_NUM_BLOCKS)
-    g = tl.max(tl.load(max_ptr + row * max_stride + blocks, mask=blocks < num_blocks, other=float("-inf")), axis=0)
-    total = tl.zeros((), tl.float64)
-    for c in range(0, num_blocks, ORDER_CHUNK):
-        b = c + tl.arange(0, ORDER_CHUNK)
-        live = b < num_blocks
-        m = tl.load(max_ptr + row * max_stride + b, mask=live, other=float("-inf"))
-        se = tl.load(sumexp_ptr + row * sumexp_stride + b, mask=live, other=0.0)
-        total = _sum_in_order(total, tl.where(live, se.to(tl.float64) * exp32(m - g).to(tl.float64), 0.0))
+    live = blocks < num_blocks
+    m = tl.load(max_ptr + row * max_stride + blocks, mask=live, other=float("-inf"))
+    se = tl.load(sumexp_ptr + row * sumexp_stride + blocks, mask=live, other=0.0)
+    g = tl.max(m, axis=0)
+    total = tree_sum(tl.where(live, se.to(tl.float64) * exp32(m - g).to(tl.float64), 0.0))
     return (g.to(tl.float64) + tl.log(total)).to(tl.float32)
 
 
@@ -394,16 +378,12 @@ def _global_target_argmax(target_local_max_ptr, target_local_max_stride, target_
 def _residual_mass(local_residual_mass_ptr, local_residual_mass_stride, ratio, target_logits_ptr, target_logits_stride,
                    target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr, target_local_sumexp_stride,
                    token, row, num_blocks, PADDED_VOCAB_NUM_BLOCKS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr):
-    # Block verification's residual mass at the next step's row: K15's tiles summed in float64 in
-    # tile order (C29), or for a one-hot draft ratio * (1 - p(token)).
+    # Block verification's residual mass at the next step's row: the tree_sum of K15's tiles (C29),
+    # or for a one-hot draft ratio * (1 - p(token)).
     if HAS_DRAFT_LOGITS:
-        total = tl.zeros((), tl.float64)
-        for c in range(0, num_blocks, ORDER_CHUNK):
-            b = c + tl.arange(0, ORDER_CHUNK)
-            partial = tl.load(local_residual_mass_ptr + row * local_residual_mass_stride + b, mask=b < num_blocks,
-                              other=0.0)
-            total = _sum_in_order(total, partial.to(tl.float64))
-        mass = total.to(tl.float32)
+        b = tl.arange(0, PADDED_VOCAB_NUM_BLOCKS)
+        partial = tl.load(local_residual_mass_ptr + row * local_residual_mass_stride + b, mask=b < num_blocks, other=0.0)
+        mass = tree_sum(partial.to(tl.float64)).to(tl.float32)
     else:
         x = tl.load(target_logits_ptr + row * target_logits_stride + token).to(tl.float32)
         p = exp32(x - _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
