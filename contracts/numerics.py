@@ -125,17 +125,18 @@ def max_and_sumexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tree_sum(terms: torch.Tensor) -> torch.Tensor:
-    """C29's float64 sum of a row of per-tile terms: zero-padded to a power of two, then added in
-    pairs, ``(t0 + t1), (t2 + t3), ...``, and the pairs in pairs, down to one value. Each addition
-    rounds once and the order is fixed, so every backend gets the same bits, and a GPU adds a level
-    at a time (log2 steps, where an order along the tiles is one step per tile). More zero padding
-    changes nothing (``x + 0 == x`` for terms >= 0, once each has had 0 added): a kernel may pad to
-    its ``PADDED_*`` width."""
-    x = terms.to(F64).reshape(-1) + 0.0  # -0.0 becomes 0.0, so that padding cannot change a sign
+    """C29's float64 sum of a row of per-tile terms: each term plus 0.0 (``-0.0`` becomes 0.0),
+    zero-padded to a power of two ``w``, then folded in halves, ``x[i] + x[i + w/2]`` for
+    ``i < w/2``, down to one value. Each addition rounds once (and adding two values is the same
+    either way round), so every backend gets the same bits. A GPU folds a level per cross-lane
+    exchange (log2 steps, where an order along the tiles is a reduction per tile). More zero
+    padding changes nothing (the first folds add 0.0): a kernel may pad to its ``PADDED_*``
+    width."""
+    x = terms.to(F64).reshape(-1) + 0.0
     width = 1 << max(x.numel() - 1, 0).bit_length()
     x = torch.cat([x, x.new_zeros(width - x.numel())])
     while x.numel() > 1:
-        x = x[0::2] + x[1::2]
+        x = x[: x.numel() // 2] + x[x.numel() // 2 :]
     return x[0]
 
 

@@ -169,22 +169,22 @@ inline float log1p_neg32(float u) {
 inline float gumbel32(float u) { return -log32(-log1p_neg32(u)); }
 inline double gumbel64(double u) { return -std::log(-std::log(u)); }
 
-// C29's tree_sum of term(lo) .. term(lo + width - 1), terms past nb counting as the padding's 0.0:
-// the two halves' sums added, down to single terms, each given + 0.0 (so -0.0 is 0.0). The same
-// additions as a GPU's level at a time over a zero-padded power of two, without the buffer.
+// C29's tree_sum of term(0) .. term(nb - 1), zero-padded to a power of two `width` and folded in
+// halves (x[i] + x[i + width/2]): the sum of the terms at indices r, r + s, r + 2s, ... is that of
+// those at r and r + s with step 2s added, down to single terms, each given + 0.0 (so -0.0 is
+// 0.0). The same additions as a GPU's fold, without the buffer.
 template <class Term>
-double tree_sum(const Term& term, std::int64_t lo, std::int64_t width, std::int64_t nb) {
-  if (lo >= nb) return 0.0;
-  if (width == 1) return term(lo) + 0.0;
-  const std::int64_t half = width / 2;
-  return tree_sum(term, lo, half, nb) + tree_sum(term, lo + half, half, nb);
+double tree_sum(const Term& term, std::int64_t r, std::int64_t s, std::int64_t width, std::int64_t nb) {
+  if (r >= nb) return 0.0;
+  if (s == width) return term(r) + 0.0;
+  return tree_sum(term, r, 2 * s, width, nb) + tree_sum(term, r + s, 2 * s, width, nb);
 }
 
 template <class Term>
 double tree_sum(const Term& term, std::int64_t nb) {
   std::int64_t width = 1;
   while (width < nb) width *= 2;
-  return tree_sum(term, 0, width, nb);
+  return tree_sum(term, 0, 1, width, nb);
 }
 
 }  // namespace specdiff::gumbel

@@ -364,7 +364,7 @@ def test_tree_sum_three_ways_and_padding_changes_nothing():
             tri._tree_sum_probe_kernel[(rows,)](got, x.to(device()), n, n, WIDTH=width)
             assert_bits_equal(f"tree_sum triton n={n} width={width}", want, got)
         assert bits(want[1]) == 0  # -0.0 terms sum to +0.0
-        if n >= 19:  # the order is the tree's, not the tiles': some row tells them apart
+        if n >= 19:  # the tree's order, not the tiles': some row tells them apart
             assert any(numerics.tree_sum(r).item() != _in_order(r) for r in x)
 
 

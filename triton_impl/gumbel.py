@@ -263,16 +263,17 @@ def _div_probe_kernel(out_ptr, x_ptr, t_ptr, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def tree_sum(terms):
-    # C29's tree_sum of a power-of-two float64 vector (zero-padded by the caller): adjacent pairs
-    # added, a level at a time, to one value; each term first gets + 0.0 (-0.0 becomes 0.0, so the
-    # padding's width cannot change a sign). log2 vector steps where an order along the tiles took
-    # a reduction per tile.
+    # C29's tree_sum of a power-of-two float64 vector (zero-padded by the caller): folded in halves,
+    # x[i] + x[i + w/2], a level at a time. Each level is a sum over an axis of two (one addition,
+    # the same bits either way round), which the compiler makes one cross-lane exchange: the terms
+    # stay one per lane (a fold by reshape and split put the whole vector, and its exp32, in every
+    # thread).
     x = terms + 0.0
     for _ in tl.static_range(32):
         if x.shape[0] > 1:
-            left, right = tl.split(tl.reshape(x, (x.shape[0] // 2, 2)))
-            x = left + right
+            x = tl.sum(tl.reshape(x, (2, x.shape[0] // 2)), axis=0)
     return tl.reshape(x, ())
+
 
 @triton.jit
 def _tree_sum_probe_kernel(out_ptr, x_ptr, x_stride, n, WIDTH: tl.constexpr):
