@@ -235,6 +235,13 @@ def tensor_bytes(args: dict[str, Any]) -> int:
     return sum(v.numel() * v.element_size() for v in args.values() if isinstance(v, torch.Tensor))
 
 
+def timed_here(backend: str, size: Any, quick: Any) -> bool:
+    """The oracle is timed at the quick sweep's sizes only, in every sweep: beside the engine it is a
+    footnote, and timing it across the full sweep doubled its length (the C++ port's results are
+    still checked against it at every size)."""
+    return backend != "reference" or size in quick
+
+
 def require_memory(nbytes: int, what: str) -> None:
     """Skips a case that would not fit in 60 % of the memory available now."""
     avail = mem_available()

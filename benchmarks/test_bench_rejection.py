@@ -37,6 +37,7 @@ from harness import (
     same_bytes_read_gbps,
     thread_counts,
     timed,
+    timed_here,
 )
 
 from compositions.sampler import SamplingMetadata, rejection_sample
@@ -62,12 +63,6 @@ def _batch_sizes(full: bool, quick: list[tuple[int, int]]) -> list[tuple[int, in
     return [(b, n) for b in REQUESTS for n in DRAFTS] if full else quick
 
 
-def _timed_here(backend: str, size: tuple, quick: list) -> bool:
-    """The oracle is timed at the quick sweep's sizes only, in every sweep: beside the engine it is a
-    footnote, and timing it across the full sweep doubled its length (the C++ port's results are
-    still checked against it at every size)."""
-    return backend != "reference" or size in quick
-
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     full = full_sweep(metafunc.config)
@@ -82,7 +77,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             pytest.param(b, n, v, dt, be, id=f"{be}-B{b}-N{n}-V{v}-{dt}", marks=gate_mark(be))
             for (b, n, v, dt) in _recovered_sizes(full)
             for be in backends_for("sample_recovered_tokens_kernel")
-            if _timed_here(be, (b, n, v, dt), _recovered_sizes(False))
+            if timed_here(be, (b, n, v, dt), _recovered_sizes(False))
         ]
         metafunc.parametrize("B,N,V,dtype,backend", params)
     elif name == "test_sample_recovered_threads":
@@ -101,7 +96,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             pytest.param(b, n, v152, be, id=f"{be}-B{b}-N{n}-V{v152}", marks=gate_mark(be))
             for (b, n) in _batch_sizes(full, quick)
             for be in backends
-            if _timed_here(be, (b, n), quick)
+            if timed_here(be, (b, n), quick)
         ]
         metafunc.parametrize("B,N,V,backend", params)
     elif name == "test_small":
@@ -110,7 +105,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             for k in ("rejection_greedy_sample_kernel", "expand_kernel")
             for (b, n) in _batch_sizes(full, [(256, 4)])
             for be in backends_for(k)
-            if _timed_here(be, (b, n), [(256, 4)])
+            if timed_here(be, (b, n), [(256, 4)])
         ]
         metafunc.parametrize("kernel,B,N,backend", params)
     elif name == "test_launch_overhead":
