@@ -7,7 +7,10 @@
 // ids inside buffers) before anything is written, then computes with the GIL released.
 #pragma once
 
+#include <omp.h>
 #include <pybind11/pybind11.h>
+
+#include <algorithm>
 
 #include <cstdint>
 #include <cstring>
@@ -22,6 +25,10 @@ namespace py = pybind11;
 // Rows of a small per-request kernel (a few loads and stores each) below which OpenMP's fork and
 // join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
 constexpr std::int64_t kParallelSmallRows = 16384;
+// Tokens of the per-token copies (K8, K9, K10: a slot or a few ids each, about a microsecond's worth)
+// that keep one thread busy: two threads from twice this many, the whole team from threads times
+// this (team() below).
+constexpr std::int64_t kTokensPerThread = 2048;
 // Rows that each gather from a large table (a cache miss per draft: K2's probabilities) or stream a
 // vocabulary row are worth threads far sooner.
 constexpr std::int64_t kParallelGatherRows = 256;
@@ -34,6 +41,15 @@ constexpr std::int64_t kParallelGatherRows = 256;
 #define SPECDIFF_FORCE_PARALLEL 0
 #endif
 inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted; }
+
+// The team for `work` items when each thread should get `per_thread` or more: a launch a little
+// too big for one thread forks two, not the whole machine (a 16-thread fork and join costs more than
+// such a launch's rows). The serial decision stays in the if() clause, where the threads check's
+// shim forces it; the forcing build gets the whole team here too.
+inline int team(std::int64_t work, std::int64_t per_thread) {
+  const std::int64_t all = omp_get_max_threads();
+  return static_cast<int>(SPECDIFF_FORCE_PARALLEL ? all : std::max<std::int64_t>(1, std::min(work / per_thread, all)));
+}
 
 // Vectorized streaming loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
 // load time, so the default build is fast on every machine.

@@ -71,9 +71,11 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
   std::vector<std::int64_t> last(b);
   with_int(kDflash, "target_positions_ptr", target_positions.dtype, [&](auto p_) {
     const auto* positions = target_positions.as<decltype(p_)>();
-    if (has_context)
-      for (std::int64_t i = std::min(qsl[0], n_ctx - 1); i < std::min(qsl[b], n_ctx); ++i)
-        if (positions[i] < 0) fail(kDflash, "target_positions_ptr", "must hold context positions >= 0 (C25)");
+    if (has_context) {
+      const std::int64_t from = std::min(qsl[0], n_ctx - 1), to = std::min(qsl[b], n_ctx);
+      if (to > from && first_below(positions + from, to - from, 0) >= 0)
+        fail(kDflash, "target_positions_ptr", "must hold context positions >= 0 (C25)");
+    }
     for (std::int64_t r = 0; r < b; ++r) {
       // No clamp to the request's own range: it may read an earlier request's position (C23).
       last[r] = positions[qsl[r + 1] - rejected[r] - 1];
@@ -85,6 +87,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
     }
   });
 
+  const Blocks blocks(block_size, stride);
   with_int(kDflash, "block_table_ptr", block_table.data.dtype, [&](auto t_) {
     using T = decltype(t_);
     const T* table = block_table.as<T>();
@@ -99,12 +102,13 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
           CP* context_positions = out_context_positions.as<CP>();
           CS* context_slots = out_context_slot_mapping.as<CS>();
           py::gil_scoped_release nogil;
-#pragma omp parallel for if (parallel_if(qsl[b] - qsl[0] >= 4096)) schedule(dynamic, 16)
+          // Static, not dynamic: see copy_and_expand_eagle_inputs (csrc/eagle.cpp).
+#pragma omp parallel for if (parallel_if(qsl[b] - qsl[0] >= 2 * kTokensPerThread)) num_threads(team(qsl[b] - qsl[0], kTokensPerThread)) schedule(static)
           for (std::int64_t r = 0; r < b; ++r) {
             for (std::int64_t i = qsl[r]; i < qsl[r + 1]; ++i) {
               const std::int64_t position = positions[std::min(i, n_ctx - 1)];  // reads clamped to N_ctx - 1
               context_positions[i] = static_cast<CP>(position);
-              context_slots[i] = static_cast<CS>(slot_of(table, r * stride, position, stride, block_size));
+              context_slots[i] = static_cast<CS>(blocks.slot(table, r * stride, position));
             }
           }
         });
@@ -124,12 +128,12 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
             QS* query_slots = out_query_slot_mapping.as<QS>();
             TI* token_indices = out_token_indices.as<TI>();
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (parallel_if(b * Q >= 4096)) schedule(static)
+#pragma omp parallel for if (parallel_if(b * Q >= 2 * kTokensPerThread)) num_threads(team(b * Q, kTokensPerThread)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               for (std::int64_t k = 0; k < Q; ++k) {
                 const std::int64_t o = r * Q + k, position = last[r] + 1 + k;
                 query_positions[o] = static_cast<QP>(position);
-                query_slots[o] = static_cast<QS>(slot_of(table, r * stride, position, stride, block_size));
+                query_slots[o] = static_cast<QS>(blocks.slot(table, r * stride, position));
                 ids[o] = static_cast<I>(k == 0 ? next[r] : parallel_drafting_token_id);
                 if (k >= 1) token_indices[r * K + k - 1] = static_cast<TI>(o);
               }

@@ -21,9 +21,12 @@ constexpr const char* kInputs = "eagle_prepare_inputs_padded_kernel";
 constexpr const char* kNextToken = "eagle_prepare_next_token_padded_kernel";
 constexpr const char* kExpand = "copy_and_expand_eagle_inputs_kernel";
 
-// K5, K6 and K7 touch a few values per row and go parallel at kParallelSmallRows: at 256 rows the
-// fork and join was half of K6's time, and K5 took 6 us on one thread against 13 us on the lent
-// machine's 16 (its block-table gathers are a cache miss each, but one thread overlaps hundreds).
+// K6 and K7 touch a few values per row and go parallel at kParallelSmallRows: at 256 rows the fork
+// and join was half of K6's time. K5 forks only the threads its rows keep busy (team()): its whole
+// team of 16 took 13 us for 256 rows on the lent machine against 6 us on one thread (its block-table
+// gathers are a cache miss each, but one thread overlaps hundreds), while two threads for 1024 rows
+// take 5.4 us against 6.2 us on the 2-core machine.
+constexpr std::int64_t kStepRowsPerThread = 512;
 
 void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std::int64_t block_table_stride,
                                       Buffer seq_lens, Buffer out_clamped_positions, Buffer out_slot_mapping,
@@ -39,42 +42,50 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
   need_at_least(kStep, "max_model_len", max_model_len, 1);
   need_at_least(kStep, "n_blocks_per_req", n_blocks_per_req, 1);
   need_rows(kStep, "block_table_ptr", block_table, b, block_table_stride, n_blocks_per_req);
-  // Every position is read before anything is written: positions may alias
-  // out_clamped_positions (C21).
-  const std::vector<std::int64_t> position = load_ints(kStep, "positions_ptr", positions, b);
-  for (std::int64_t r = 0; r < b; ++r)
-    if (position[r] < -1)
-      fail(kStep, "positions_ptr", "must hold positions >= -1 (C25), got " + std::to_string(position[r]));
+  need_len(kStep, "positions_ptr", positions, b);
   need_fits(kStep, "PAD_ID", pad_id, "out_slot_mapping_ptr", out_slot_mapping);
 
-  with_int(kStep, "block_table_ptr", block_table.data.dtype, [&](auto t_) {
-    with_int(kStep, "seq_lens_ptr", seq_lens.dtype, [&](auto s_) {
-      with_int(kStep, "out_clamped_positions_ptr", out_clamped_positions.dtype, [&](auto c_) {
-        with_int(kStep, "out_slot_mapping_ptr", out_slot_mapping.dtype, [&](auto o_) {
-          using T = decltype(t_);
-          using S = decltype(s_);
-          using C = decltype(c_);
-          using O = decltype(o_);
-          const T* table = block_table.as<T>();
-          S* seq = seq_lens.as<S>();
-          C* clamped = out_clamped_positions.as<C>();
-          O* slots = out_slot_mapping.as<O>();
-          py::gil_scoped_release nogil;
-#pragma omp parallel for if (parallel_if(rows >= kParallelSmallRows)) schedule(static)
-          for (std::int64_t r = 0; r < rows; ++r) {
-            if (r >= b) {  // cudagraph padding: only the slot mapping is written
-              slots[r] = static_cast<O>(pad_id);
-              continue;
+  with_int(kStep, "positions_ptr", positions.dtype, [&](auto p_) {
+    with_int(kStep, "block_table_ptr", block_table.data.dtype, [&](auto t_) {
+      with_int(kStep, "seq_lens_ptr", seq_lens.dtype, [&](auto s_) {
+        with_int(kStep, "out_clamped_positions_ptr", out_clamped_positions.dtype, [&](auto c_) {
+          with_int(kStep, "out_slot_mapping_ptr", out_slot_mapping.dtype, [&](auto o_) {
+            using P = decltype(p_);
+            using T = decltype(t_);
+            using S = decltype(s_);
+            using C = decltype(c_);
+            using O = decltype(o_);
+            const P* position = positions.as<P>();
+            const std::int64_t bad = first_below(position, b, -1);
+            if (bad >= 0)
+              fail(kStep, "positions_ptr", "must hold positions >= -1 (C25), got " + std::to_string(position[bad]));
+            const T* table = block_table.as<T>();
+            S* seq = seq_lens.as<S>();
+            C* clamped = out_clamped_positions.as<C>();
+            O* slots = out_slot_mapping.as<O>();
+            const Blocks blocks(block_size, n_blocks_per_req);
+            const std::int64_t stride = block_table_stride, last = max_model_len - 1, pad = pad_id;
+            py::gil_scoped_release nogil;
+            // positions may be out_clamped_positions itself and no other overlap passes the launcher
+            // (C21, C31), so row r reading its position before writing its own clamped position is
+            // the whole of the aliasing rule: no copy of positions is needed.
+#pragma omp parallel for if (parallel_if(rows >= 2 * kStepRowsPerThread)) num_threads(team(rows, kStepRowsPerThread)) schedule(static)
+            for (std::int64_t r = 0; r < rows; ++r) {
+              if (r >= b) {  // cudagraph padding: only the slot mapping is written
+                slots[r] = static_cast<O>(pad);
+                continue;
+              }
+              // position + 1 >= max_model_len neutralises the request: position 0, slot PAD_ID, seq_len 1.
+              const std::int64_t p = static_cast<std::int64_t>(position[r]);
+              const bool over = p >= last;
+              const std::int64_t new_position = over ? 0 : p + 1;
+              const std::int64_t slot = blocks.slot(table, r * stride, new_position);
+              const std::int64_t seq_len = over ? 1 : static_cast<std::int64_t>(seq[r]) + 1;
+              slots[r] = static_cast<O>(over ? pad : slot);
+              clamped[r] = static_cast<C>(new_position);
+              seq[r] = static_cast<S>(std::min(seq_len, last + 1));
             }
-            // position + 1 >= max_model_len neutralises the request: position 0, slot PAD_ID, seq_len 1.
-            const bool over = position[r] >= max_model_len - 1;
-            const std::int64_t new_position = over ? 0 : position[r] + 1;
-            const std::int64_t slot = slot_of(table, r * block_table_stride, new_position, n_blocks_per_req, block_size);
-            const std::int64_t seq_len = over ? 1 : static_cast<std::int64_t>(seq[r]) + 1;
-            slots[r] = static_cast<O>(over ? pad_id : slot);
-            clamped[r] = static_cast<C>(new_position);
-            seq[r] = static_cast<S>(std::min(seq_len, max_model_len));
-          }
+          });
         });
       });
     });
@@ -230,7 +241,10 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
             N* new_indices = out_new_token_indices.as<N>();
             H* hidden = out_hidden_state_mapping.as<H>();
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (parallel_if(n_out >= 4096)) schedule(dynamic, 16)
+            // Static: a thread takes the same requests every launch, so their lines are still in its
+            // own cache; schedule(dynamic) moved them between cores at every call (the dflash copy,
+            // the same loop shape, took 39 us on 2 threads against 25 us on one at 1024 requests).
+#pragma omp parallel for if (parallel_if(n_out >= 2 * kTokensPerThread)) num_threads(team(n_out, kTokensPerThread)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               const std::int64_t qs = qsl[r], qn = qsl[r + 1], qe = qend[r];
               // EAGLE (shifting): the ids move left by one and the bonus fills the gap.

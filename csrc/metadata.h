@@ -73,6 +73,8 @@ inline void need_rows(const char* kernel, const char* name, const Strided& t, st
     bad = 1;
   else if (stride > 0 && (__builtin_mul_overflow(rows - 1, stride, &last) || last > limit))
     bad = limit / stride + 1;
+  else if (t.row_stride <= t.cols)
+    ;  // one run of elements, and every row starts at or before the last start that fits in it
   else
     for (std::int64_t r = 0; r < (stride != 0 ? rows : 1) && bad < 0; ++r)
       if (!t.holds(r * stride, width)) bad = r;
@@ -82,21 +84,50 @@ inline void need_rows(const char* kernel, const char* name, const Strided& t, st
              std::to_string(bad) + " x row stride " + std::to_string(stride));
 }
 
-// KV slot of a position (>= 0) in the table row starting at flat index `row`: the block column is
-// clamped to `columns` - 1 (a wrong but in-range slot: C21, C23).
-template <class T>
-inline std::int64_t slot_of(const T* table, std::int64_t row, std::int64_t position, std::int64_t columns,
-                            std::int64_t block_size) {
-  // KV block sizes are powers of two in practice: a shift and a mask instead of a 64-bit division
-  // (the division was most of K5's and K9's time per token). Equal for positions >= 0.
-  if ((block_size & (block_size - 1)) == 0 && position >= 0) {
-    const int shift = __builtin_ctzll(static_cast<unsigned long long>(block_size));
-    const std::int64_t column = std::min(position >> shift, columns - 1);
-    return static_cast<std::int64_t>(table[row + column]) * block_size + (position & (block_size - 1));
+// The first of p[0, n) below `floor` (0 or -1), or -1 when none is: a precondition checked over a
+// whole launch before anything is written (C25). The scan ORs sign bits (q for floor 0; q & (q + 1),
+// negative exactly for q <= -2, for floor -1), which vectorizes on baseline x86-64 where a compare
+// of int64 lanes or an early exit does not; at 1024 requests the scalar scan was 15 % of K5's call.
+template <class P>
+inline std::int64_t first_below(const P* p, std::int64_t n, std::int64_t floor) {
+  std::uint64_t sign = 0;
+  if (floor == 0) {
+    for (std::int64_t i = 0; i < n; ++i) sign |= static_cast<std::uint64_t>(static_cast<std::int64_t>(p[i]));
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto q = static_cast<std::uint64_t>(static_cast<std::int64_t>(p[i]));
+      sign |= q & (q + 1);
+    }
   }
-  const std::int64_t column = std::min(position / block_size, columns - 1);
-  return static_cast<std::int64_t>(table[row + column]) * block_size + position % block_size;
+  if (!(sign >> 63)) return -1;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (p[i] < floor) return i;
+  return -1;
 }
+
+// KV slots of positions (>= 0) in block-table rows: the block column is clamped to `columns` - 1
+// (a wrong but in-range slot: C21, C23). KV block sizes are powers of two in practice: then a
+// shift and a mask replace the 64-bit division (which was most of K5's and K9's time per token),
+// equal for positions >= 0, and which of the two applies is decided once per launch, not per token.
+struct Blocks {
+  std::int64_t size, columns;
+  int shift;  // log2(size), or -1 when size is not a power of two
+
+  Blocks(std::int64_t block_size, std::int64_t columns_)
+      : size(block_size), columns(columns_),
+        shift((block_size & (block_size - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(block_size)) : -1) {}
+
+  // The slot of `position` in the table row starting at flat index `row`.
+  template <class T>
+  std::int64_t slot(const T* table, std::int64_t row, std::int64_t position) const {
+    if (shift >= 0 && position >= 0) {
+      const std::int64_t column = std::min(position >> shift, columns - 1);
+      return static_cast<std::int64_t>(table[row + column]) * size + (position & (size - 1));
+    }
+    const std::int64_t column = std::min(position / size, columns - 1);
+    return static_cast<std::int64_t>(table[row + column]) * size + position % size;
+  }
+};
 
 // The first `entries` elements of query_start_loc: non-negative and non-decreasing (spec §1.2).
 inline std::vector<std::int64_t> load_offsets(const char* kernel, const char* name, const Buffer& b,

@@ -307,6 +307,30 @@ def test_step_invalid(backend, change, error, param):
     launch_invalid(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a, error, param)
 
 
+# The C++ port scans C25 as an OR of sign bits over the whole batch (csrc/metadata.h, first_below):
+# the values either side of -1 and int64's two ends, at the first and the last of 37 rows (wider than
+# any vector of the scan, with a remainder).
+EDGE_POSITIONS = [-1, 2**63 - 1, 0] * 12 + [5]
+
+
+@cpu_and_reference
+def test_step_accepts_minus_one_and_int64_max_in_a_long_batch(backend):
+    a = step_args(EDGE_POSITIONS, [[r, r + 1] for r in range(37)], [1] * 37, 37, max_model_len=2**62)
+    launch(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a)
+    assert a["out_clamped_positions_ptr"].tolist() == [0, 0, 1] * 12 + [6]
+    assert a["out_slot_mapping_ptr"][:3].tolist() == [0, -1, 2 * 16 + 1]
+
+
+@cpu_and_reference
+@pytest.mark.parametrize("bad", [-2, -(2**63)])
+@pytest.mark.parametrize("at", [0, 36])
+def test_step_refuses_a_position_below_minus_one_anywhere(backend, bad, at):
+    positions = list(EDGE_POSITIONS)
+    positions[at] = bad
+    a = step_args(positions, [[r, r + 1] for r in range(37)], [1] * 37, 37, max_model_len=2**62)
+    launch_invalid(backend, contract.EAGLE_STEP_SLOT_MAPPING_METADATA, a, ValueError, "positions_ptr")
+
+
 @cpu_and_reference
 @pytest.mark.parametrize("field, value, param", [("query_start_loc_gpu_ptr", i32([0, 4, 5]), "query_start_loc_gpu_ptr"), ("num_reqs", -1, "num_reqs"), ("token_indices_to_sample_ptr", poisoned(2), "token_indices_to_sample_ptr")])
 def test_inputs_padded_invalid(backend, field, value, param):
