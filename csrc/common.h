@@ -25,9 +25,8 @@ namespace py = pybind11;
 // Rows of a small per-request kernel (a few loads and stores each) below which OpenMP's fork and
 // join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
 constexpr std::int64_t kParallelSmallRows = 16384;
-// Tokens of the per-token copies (K8, K9, K10: a slot or a few ids each, about a microsecond's worth)
-// that keep one thread busy: two threads from twice this many, the whole team from threads times
-// this (team() below).
+// Tokens of the per-token copies (K8, K9, K10: a slot or a few ids each) worth a thread of their
+// own, a couple of microseconds (worth_team() below).
 constexpr std::int64_t kTokensPerThread = 2048;
 // Rows that each gather from a large table (a cache miss per draft: K2's probabilities) or stream a
 // vocabulary row are worth threads far sooner.
@@ -42,13 +41,12 @@ constexpr std::int64_t kParallelGatherRows = 256;
 #endif
 inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted; }
 
-// The team for `work` items when each thread should get `per_thread` or more: a launch a little
-// too big for one thread forks two, not the whole machine (a 16-thread fork and join costs more than
-// such a launch's rows). The serial decision stays in the if() clause, where the threads check's
-// shim forces it; the forcing build gets the whole team here too.
-inline int team(std::int64_t work, std::int64_t per_thread) {
-  const std::int64_t all = omp_get_max_threads();
-  return static_cast<int>(SPECDIFF_FORCE_PARALLEL ? all : std::max<std::int64_t>(1, std::min(work / per_thread, all)));
+// Whether `work` items give every thread of the team `per_thread` or more. A fork and join costs
+// about a microsecond on 2 cores but 10-15 us on the lent machine's 16 (K5 at 1024 rows: 14 us on
+// one thread there, 30 us on two of its sixteen), so the threshold scales with the team: 2 cores
+// fork for a batch that the lent machine runs serially.
+inline bool worth_team(std::int64_t work, std::int64_t per_thread) {
+  return parallel_if(work / omp_get_max_threads() >= per_thread);
 }
 
 // Vectorized streaming loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at

@@ -22,10 +22,10 @@ constexpr const char* kNextToken = "eagle_prepare_next_token_padded_kernel";
 constexpr const char* kExpand = "copy_and_expand_eagle_inputs_kernel";
 
 // K6 and K7 touch a few values per row and go parallel at kParallelSmallRows: at 256 rows the fork
-// and join was half of K6's time. K5 forks only the threads its rows keep busy (team()): its whole
-// team of 16 took 13 us for 256 rows on the lent machine against 6 us on one thread (its block-table
-// gathers are a cache miss each, but one thread overlaps hundreds), while two threads for 1024 rows
-// take 5.4 us against 6.2 us on the 2-core machine.
+// and join was half of K6's time. K5 forks once each thread of the team gets kStepRowsPerThread rows
+// (worth_team): a team of 16 took 13 us for 256 rows on the lent machine against 6 us on one thread
+// (its block-table gathers are a cache miss each, but one thread overlaps hundreds), while 2 threads
+// for 1024 rows take 5.4 us against 6.2 us on the 2-core machine.
 constexpr std::int64_t kStepRowsPerThread = 512;
 
 void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std::int64_t block_table_stride,
@@ -69,7 +69,7 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
             // positions may be out_clamped_positions itself and no other overlap passes the launcher
             // (C21, C31), so row r reading its position before writing its own clamped position is
             // the whole of the aliasing rule: no copy of positions is needed.
-#pragma omp parallel for if (parallel_if(rows >= 2 * kStepRowsPerThread)) num_threads(team(rows, kStepRowsPerThread)) schedule(static)
+#pragma omp parallel for if (worth_team(rows, kStepRowsPerThread)) schedule(static)
             for (std::int64_t r = 0; r < rows; ++r) {
               if (r >= b) {  // cudagraph padding: only the slot mapping is written
                 slots[r] = static_cast<O>(pad);
@@ -244,7 +244,7 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
             // Static: a thread takes the same requests every launch, so their lines are still in its
             // own cache; schedule(dynamic) moved them between cores at every call (the dflash copy,
             // the same loop shape, took 39 us on 2 threads against 25 us on one at 1024 requests).
-#pragma omp parallel for if (parallel_if(n_out >= 2 * kTokensPerThread)) num_threads(team(n_out, kTokensPerThread)) schedule(static)
+#pragma omp parallel for if (worth_team(n_out, kTokensPerThread)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               const std::int64_t qs = qsl[r], qn = qsl[r + 1], qe = qend[r];
               // EAGLE (shifting): the ids move left by one and the bonus fills the gap.
