@@ -25,9 +25,10 @@ namespace py = pybind11;
 // Rows of a small per-request kernel (a few loads and stores each) below which OpenMP's fork and
 // join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
 constexpr std::int64_t kParallelSmallRows = 16384;
-// Tokens of the per-token copies (K8, K9, K10: a slot or a few ids each) worth a thread of their
-// own, a couple of microseconds (worth_team() below).
-constexpr std::int64_t kTokensPerThread = 2048;
+// Tokens from which the per-token copies of K8 and K9 (several ids, positions and slots each) fork
+// the whole team, on 2 cores and on the lent machine's 16 alike (there, the dflash copy of 1024
+// requests: 1.05-1.14x vLLM's port forked, 0.68-0.78x serial).
+constexpr std::int64_t kParallelCopyTokens = 4096;
 // Rows that each gather from a large table (a cache miss per draft: K2's probabilities) or stream a
 // vocabulary row are worth threads far sooner.
 constexpr std::int64_t kParallelGatherRows = 256;
@@ -42,9 +43,10 @@ constexpr std::int64_t kParallelGatherRows = 256;
 inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted; }
 
 // Whether `work` items give every thread of the team `per_thread` or more. A fork and join costs
-// about a microsecond on 2 cores but 10-15 us on the lent machine's 16 (K5 at 1024 rows: 14 us on
-// one thread there, 30 us on two of its sixteen), so the threshold scales with the team: 2 cores
-// fork for a batch that the lent machine runs serially.
+// about a microsecond on 2 cores and several on the lent machine's 16 (K5 at 1024 rows there:
+// serial 1.08-1.15x vLLM's port, the whole team 0.94x; two threads of the sixteen, 30 us against
+// 14 us serial), so the threshold grows with the team: 2 cores fork for a batch the lent machine
+// runs serially.
 inline bool worth_team(std::int64_t work, std::int64_t per_thread) {
   return parallel_if(work / omp_get_max_threads() >= per_thread);
 }

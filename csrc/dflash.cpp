@@ -103,7 +103,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
           CS* context_slots = out_context_slot_mapping.as<CS>();
           py::gil_scoped_release nogil;
           // Static, not dynamic: see copy_and_expand_eagle_inputs (csrc/eagle.cpp).
-#pragma omp parallel for if (worth_team(qsl[b] - qsl[0], kTokensPerThread)) schedule(static)
+#pragma omp parallel for if (parallel_if(qsl[b] - qsl[0] >= kParallelCopyTokens)) schedule(static)
           for (std::int64_t r = 0; r < b; ++r) {
             for (std::int64_t i = qsl[r]; i < qsl[r + 1]; ++i) {
               const std::int64_t position = positions[std::min(i, n_ctx - 1)];  // reads clamped to N_ctx - 1
@@ -128,7 +128,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
             QS* query_slots = out_query_slot_mapping.as<QS>();
             TI* token_indices = out_token_indices.as<TI>();
             py::gil_scoped_release nogil;
-#pragma omp parallel for if (worth_team(b * Q, kTokensPerThread)) schedule(static)
+#pragma omp parallel for if (parallel_if(b * Q >= kParallelCopyTokens)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               for (std::int64_t k = 0; k < Q; ++k) {
                 const std::int64_t o = r * Q + k, position = last[r] + 1 + k;

@@ -244,7 +244,7 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
             // Static: a thread takes the same requests every launch, so their lines are still in its
             // own cache; schedule(dynamic) moved them between cores at every call (the dflash copy,
             // the same loop shape, took 39 us on 2 threads against 25 us on one at 1024 requests).
-#pragma omp parallel for if (worth_team(n_out, kTokensPerThread)) schedule(static)
+#pragma omp parallel for if (parallel_if(n_out >= kParallelCopyTokens)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               const std::int64_t qs = qsl[r], qn = qsl[r + 1], qe = qend[r];
               // EAGLE (shifting): the ids move left by one and the bonus fills the gap.
