@@ -44,7 +44,7 @@ inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted;
 
 // Whether `work` items give every thread of the team `per_thread` or more. A fork and join costs
 // about a microsecond on 2 cores and several on the lent machine's 16 (K5 at 1024 rows there:
-// serial 1.08-1.15x vLLM's port, the whole team 0.94x; two threads of the sixteen, 30 us against
+// serial 0.98-1.21x vLLM's port, the whole team 0.94x; two threads of the sixteen, 30 us against
 // 14 us serial), so the threshold grows with the team: 2 cores fork for a batch the lent machine
 // runs serially.
 inline bool worth_team(std::int64_t work, std::int64_t per_thread) {
