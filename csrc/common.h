@@ -10,8 +10,6 @@
 #include <omp.h>
 #include <pybind11/pybind11.h>
 
-#include <algorithm>
-
 #include <cstdint>
 #include <cstring>
 #include <limits>

@@ -115,7 +115,7 @@ struct Blocks {
 
   Blocks(std::int64_t block_size, std::int64_t columns_)
       : size(block_size), columns(columns_),
-        shift((block_size & (block_size - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(block_size)) : -1) {}
+        shift(block_size > 0 && (block_size & (block_size - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(block_size)) : -1) {}
 
   // The slot of `position` in the table row starting at flat index `row`.
   template <class T>
