@@ -7,7 +7,8 @@ variants other than ours compute other numbers.
     python benchmarks/gpu_k13_breakdown.py          (needs a CUDA GPU)
 
 Session 14's H200 run (docs/gpu/k13-breakdown-h200-s14.txt): the two passes cost no more than one
-read (the second hits L2), and ``exp_units`` adds a third: K13 is bound by its arithmetic.
+read (the second hits L2), and ``exp_units`` adds a third: K13 is bound by its arithmetic. Session 19
+added the int64-column and unmasked variants (K13 had formed its columns in int64 until then).
 """
 
 from __future__ import annotations
@@ -24,77 +25,87 @@ from triton_impl.gumbel import exp_units, units_to_float  # noqa: E402
 
 
 @triton.jit
-def two_pass(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr, SLICE: tl.constexpr, TRIVIAL: tl.constexpr, HINT: tl.constexpr):
+def two_pass(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr, SLICE: tl.constexpr, TRIVIAL: tl.constexpr,
+             WIDE: tl.constexpr, MASKED: tl.constexpr):
+    # K13's shape: a maximum pass, then an exact-sum pass over the same slices (the second read hits
+    # L2). WIDE forms the columns in int64 (K13 until session 19: 64-bit masks on every element).
     r = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(1)
+    if WIDE:
+        b = b.to(tl.int64)
     row = x_ptr + r * stride
     start = b * BLOCK
     acc = tl.full((SLICE,), float("-inf"), tl.float32)
     for c in tl.static_range(0, BLOCK, SLICE):
         cols = start + c + tl.arange(0, SLICE)
-        if HINT:
-            v = tl.load(row + cols, mask=cols < n, other=float("-inf"), eviction_policy="evict_last")
-        else:
+        if MASKED:
             v = tl.load(row + cols, mask=cols < n, other=float("-inf"))
-        acc = tl.maximum(acc, v + 0.0)
-    m = tl.max(acc, axis=0)
+        else:
+            v = tl.load(row + cols)
+        acc = tl.maximum(acc, v)
+    m = tl.max(acc, axis=0) + 0.0
     u = tl.zeros((SLICE,), tl.int64)
     for c in tl.static_range(0, BLOCK, SLICE):
         cols = start + c + tl.arange(0, SLICE)
-        if HINT:
-            v = tl.load(row + cols, mask=cols < n, other=float("-inf"), eviction_policy="evict_first") + 0.0
+        if MASKED:
+            v = tl.load(row + cols, mask=cols < n, other=float("-inf"))
         else:
-            v = tl.load(row + cols, mask=cols < n, other=float("-inf")) + 0.0
+            v = tl.load(row + cols)
         if TRIVIAL:
             u += (v - m).to(tl.int32, bitcast=True).to(tl.int64)
         else:
             u += exp_units(v - m)
     tl.store(out_ptr + r * 64 + b, units_to_float(tl.sum(u, axis=0)) + m)
 
+
 @triton.jit
 def one_pass(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(1)
     cols = b * BLOCK + tl.arange(0, BLOCK)
-    v = tl.load(x_ptr + r * stride + cols, mask=cols < n, other=float("-inf")) + 0.0
-    m = tl.max(v, axis=0)
+    v = tl.load(x_ptr + r * stride + cols, mask=cols < n, other=float("-inf"))
+    m = tl.max(v, axis=0) + 0.0
     if FLOAT:
         s = tl.sum(tl.exp(v - m), axis=0)
     else:
         s = units_to_float(tl.sum(exp_units(v - m), axis=0))
     tl.store(out_ptr + r * 64 + b, s + m)
 
+
 @triton.jit
 def max_only(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr, SLICE: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(1)
     acc = tl.full((SLICE,), float("-inf"), tl.float32)
     for c in tl.static_range(0, BLOCK, SLICE):
         cols = b * BLOCK + c + tl.arange(0, SLICE)
         acc = tl.maximum(acc, tl.load(x_ptr + r * stride + cols, mask=cols < n, other=float("-inf")))
     tl.store(out_ptr + r * 64 + b, tl.max(acc, axis=0))
 
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU: nothing to measure")
         return 0
     V, R, B = 151936, 512, 8192
-    x = torch.randn(R, V, device="cuda") * 3
+    x = torch.randn(R, V + 8192 - V % 8192, device="cuda")[:, :V] * 3  # full tiles past V, for the unmasked variant
     out = torch.empty(R, 64, device="cuda")
+    S = x.stride(0)
     grid = (R, triton.cdiv(V, B))
     gb = x.numel() * 4 / 1e9
+    two = dict(BLOCK=B, SLICE=2048, TRIVIAL=False, WIDE=False, MASKED=True)
     runs = {
         "copy-read (x.sum)": lambda: x.sum(dim=1),
-        "max only, slices 2048": lambda: max_only[grid](out, x, V, V, BLOCK=B, SLICE=2048),
-        "two-pass trivial sum": lambda: two_pass[grid](out, x, V, V, BLOCK=B, SLICE=2048, TRIVIAL=True, HINT=False),
-        "two-pass exp_units (ours)": lambda: two_pass[grid](out, x, V, V, BLOCK=B, SLICE=2048, TRIVIAL=False, HINT=False),
-        "two-pass exp_units, evict hints": lambda: two_pass[grid](out, x, V, V, BLOCK=B, SLICE=2048, TRIVIAL=False, HINT=True),
-        "two-pass exp_units, slice 1024": lambda: two_pass[grid](out, x, V, V, BLOCK=B, SLICE=1024, TRIVIAL=False, HINT=False),
-        "two-pass exp_units, 8 warps": lambda: two_pass[grid](out, x, V, V, BLOCK=B, SLICE=2048, TRIVIAL=False, HINT=False, num_warps=8),
-        "one-pass exp_units 4 warps": lambda: one_pass[grid](out, x, V, V, BLOCK=B, FLOAT=False),
-        "one-pass exp_units 8 warps": lambda: one_pass[grid](out, x, V, V, BLOCK=B, FLOAT=False, num_warps=8),
-        "one-pass exp_units 16 warps": lambda: one_pass[grid](out, x, V, V, BLOCK=B, FLOAT=False, num_warps=16),
-        "one-pass tl.exp float (vLLM-like)": lambda: one_pass[grid](out, x, V, V, BLOCK=B, FLOAT=True),
+        "max only, slices 2048": lambda: max_only[grid](out, x, S, V, BLOCK=B, SLICE=2048),
+        "two-pass trivial sum": lambda: two_pass[grid](out, x, S, V, **{**two, "TRIVIAL": True}),
+        "two-pass exp_units (ours)": lambda: two_pass[grid](out, x, S, V, **two),
+        "two-pass exp_units, int64 columns": lambda: two_pass[grid](out, x, S, V, **{**two, "WIDE": True}),
+        "two-pass exp_units, no masks": lambda: two_pass[grid](out, x, S, V, **{**two, "MASKED": False}),
+        "two-pass exp_units, slice 1024": lambda: two_pass[grid](out, x, S, V, **{**two, "SLICE": 1024}),
+        "two-pass exp_units, 8 warps": lambda: two_pass[grid](out, x, S, V, **two, num_warps=8),
+        "one-pass exp_units 4 warps": lambda: one_pass[grid](out, x, S, V, BLOCK=B, FLOAT=False),
+        "one-pass exp_units 8 warps": lambda: one_pass[grid](out, x, S, V, BLOCK=B, FLOAT=False, num_warps=8),
+        "one-pass tl.exp float (vLLM-like)": lambda: one_pass[grid](out, x, S, V, BLOCK=B, FLOAT=True),
     }
     for name, f in runs.items():
         try:

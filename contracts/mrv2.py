@@ -244,6 +244,9 @@ def _block_preconditions(k: str, a: Mapping[str, Any]) -> None:
     at_least(k, "vocab_size", a["vocab_size"], 0)
     power_of_two(k, "BLOCK_SIZE", a["BLOCK_SIZE"])
     require(a["BLOCK_SIZE"] <= MAX_BLOCK, k, "BLOCK_SIZE", f"must be at most {MAX_BLOCK} (C29: exact tile sums)")
+    # Column indices are int32 in every tile (vLLM's are too): the last tile's must not wrap.
+    require(a["vocab_size"] <= (1 << 31) - a["BLOCK_SIZE"], k, "vocab_size",
+            f"must be at most 2^31 - BLOCK_SIZE = {(1 << 31) - a['BLOCK_SIZE']} (columns are indexed in int32)")
 
 
 def _temperatures(k: str, a: Mapping[str, Any], slots: torch.Tensor, slots_name: str = "expanded_idx_mapping_ptr") -> torch.Tensor:

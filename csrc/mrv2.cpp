@@ -307,6 +307,16 @@ void refuse_logits(const char* k, int bad, const Buffer& target, const std::vect
 }
 
 // -- K13 ---------------------------------------------------------------------------------------------
+// The tiles of a vocabulary-wide kernel: a power of two up to kMaxBlock columns (C29: exact tile
+// sums), and column indices that fit int32 in every tile (the Triton kernels index them so).
+void need_tiles(const char* k, std::int64_t vocab, std::int64_t block) {
+  need_power_of_two(k, "BLOCK_SIZE", block);
+  if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
+  if (vocab > (std::int64_t{1} << 31) - block)
+    fail(k, "vocab_size", "must be at most 2^31 - BLOCK_SIZE = " + std::to_string((std::int64_t{1} << 31) - block) +
+                              " (columns are indexed in int32)");
+}
+
 void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, std::int64_t t_max_stride, Buffer t_sumexp,
                   std::int64_t t_sumexp_stride, Buffer d_max, std::int64_t d_max_stride, Buffer d_sumexp,
                   std::int64_t d_sumexp_stride, Buffer target, std::int64_t target_stride, Buffer draft,
@@ -316,8 +326,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
   const char* k = kStats;
   need_at_least(k, "num_logits", num_logits, 0);
   need_at_least(k, "vocab_size", vocab, 0);
-  need_power_of_two(k, "BLOCK_SIZE", block);
-  if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
+  need_tiles(k, vocab, block);
   if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
   const std::vector<std::int64_t> slot_of = load_ints(k, "expanded_idx_mapping_ptr", expanded_idx_mapping, num_logits);
   const std::vector<std::int64_t> local = load_ints(k, "expanded_local_pos_ptr", expanded_local_pos, num_logits);
@@ -576,8 +585,7 @@ void need_log_probs(const char* k, const std::string& side, const Stats& s, cons
 // The tiling of a vocabulary-wide kernel: `nb` tiles of `block` over `vocab`.
 void need_vocab_blocks(const char* k, std::int64_t vocab, std::int64_t block, std::int64_t nb, std::int64_t padded) {
   need_at_least(k, "vocab_size", vocab, 1);
-  need_power_of_two(k, "BLOCK_SIZE", block);
-  if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
+  need_tiles(k, vocab, block);
   need_padded_blocks(k, nb, padded);
   const std::int64_t tiles = ceil_div(vocab, block);
   if (nb != tiles) fail(k, "vocab_num_blocks", "must be cdiv(vocab_size, BLOCK_SIZE) = " + std::to_string(tiles));
@@ -1096,8 +1104,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
   if (skip_mask.present()) fail(k, "watermarking_skip_mask_ptr", "must be None without WATERMARK");
   need_at_least(k, "CONTEXT_WIDTH", context_width, 1);
   need_at_least(k, "vocab_size", vocab, 1);
-  need_power_of_two(k, "BLOCK_SIZE", block);
-  if (block > kMaxBlock) fail(k, "BLOCK_SIZE", "must be at most 65536 (C29: exact tile sums)");
+  need_tiles(k, vocab, block);
   if (has_draft != draft.present()) fail(k, "HAS_DRAFT_LOGITS", "must be True exactly when draft_logits_ptr is a tensor");
   if (fp64 != (out_max.dtype == kFloat64)) fail(k, "USE_FP64", "must be True exactly when resampled_local_max_ptr is float64");
   if (use_block != cumulative.present())

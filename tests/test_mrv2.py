@@ -225,6 +225,7 @@ def test_golden_logits_stats_one_tile_and_negative_zero(backend):
         (dict(expanded_idx_mapping_ptr=i64([1, 1, 2, 0, 0])), ValueError, "expanded_idx_mapping_ptr"),
         (dict(BLOCK_SIZE=3), ValueError, "BLOCK_SIZE"),
         (dict(BLOCK_SIZE=1 << 17), ValueError, "BLOCK_SIZE"),
+        (dict(vocab_size=2**31), ValueError, "vocab_size"),  # columns are int32
         (dict(HAS_DRAFT_LOGITS=False), ValueError, "HAS_DRAFT_LOGITS"),
         (dict(target_logits_stride=9), ValueError, "target_logits_ptr"),  # row 3 runs past the buffer
         (dict(draft_logits_stride_1=16), ValueError, "draft_logits_ptr"),  # step 1 runs past the buffer
@@ -239,6 +240,30 @@ def test_invalid_logits_stats(backend, change, error, param):
     a = stats_args()
     a.update(change)
     _refused(backend, contract.LOGITS_STATS, a, error, param)
+
+
+def same_as_oracle(backend: str, spec: KernelSpec, a: dict[str, Any]) -> None:
+    """Launches ``a`` on ``backend`` and on the oracle: every tensor the same bits afterwards."""
+    want = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in a.items()}
+    launch("reference", spec, want)
+    launch(backend, spec, a)
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v.isnan(), want[k].isnan()) and torch.equal(v.nan_to_num(), want[k].nan_to_num()), k
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+@pytest.mark.parametrize("value, column, temp", [(1e-35, 1, 2.0), (1e-35, 4, 2.0), (3e30, 1, 2.0), (5.0, 1, 2.0**21),
+                                                 (5.0, 1, 2.0**-21)],
+                         ids=["tiny-whole-tile", "tiny-last-tile", "huge", "hot", "cold"])
+def test_logits_stats_general_division(backend, value, column, temp):
+    # A draft quotient outside div_by_lanes' range (a logit in (0, 2^-100) or above 2^100, or a
+    # temperature outside [2^-20, 2^20]) sends its whole tile to the general division: the same
+    # bits as the oracle's, in a whole tile and in a row's last.
+    a = stats_args()
+    a["draft_logits_ptr"][0, 0, column] = value
+    a["temp_ptr"][0] = temp
+    same_as_oracle(backend, contract.LOGITS_STATS, a)
 
 
 # -- K18 _insert_resampled_kernel -----------------------------------------------------------------------
@@ -405,6 +430,17 @@ def test_golden_local_residual_mass(backend, block):
 
 
 
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+@pytest.mark.parametrize("value, temp", [(1e-35, 2.0), (0.0, 2.0**21), (0.0, 2.0**-21)], ids=["tiny", "hot", "cold"])
+@pytest.mark.parametrize("block", [2, 1], ids=["one-tile", "two-tiles"])
+def test_local_residual_mass_general_division(backend, value, temp, block):
+    # As for K13: a draft quotient div_by_lanes cannot give sends the tile to the general division.
+    a = residual_args(block)
+    a["draft_logits_ptr"][1, 1, 0] = value
+    a["temp_ptr"][1] = temp
+    same_as_oracle(backend, contract.LOCAL_RESIDUAL_MASS, a)
+
+
 @cpu_and_reference
 @pytest.mark.parametrize(
     "change, error, param",
@@ -418,6 +454,7 @@ def test_golden_local_residual_mass(backend, block):
         (dict(local_residual_mass_ptr=torch.zeros((1, 1))), ValueError, "local_residual_mass_ptr"),
         (dict(draft_logits_ptr=torch.zeros((1, 3, 2))), ValueError, "draft_logits_ptr"),  # slot 1 lies past it
         (dict(BLOCK_SIZE=1 << 17), ValueError, "BLOCK_SIZE"),
+        (dict(vocab_size=2**31), ValueError, "vocab_size"),  # columns are int32
     ],
 )
 def test_invalid_local_residual_mass(backend, change, error, param):
@@ -684,6 +721,7 @@ def test_golden_resample_draft_logits(backend):
         (dict(resampled_local_max_ptr=torch.zeros((1, 2))), ValueError, "resampled_local_max_ptr"),
         (dict(target_rejected_logsumexp_ptr=f32([float("nan")] * 2)), ValueError, "target_rejected_logsumexp_ptr"),
         (dict(BLOCK_SIZE=3), ValueError, "BLOCK_SIZE"),
+        (dict(vocab_size=2**31), ValueError, "vocab_size"),  # columns are int32
         (dict(temp_ptr=f32([1.0, float("inf")])), ValueError, "temp_ptr"),
         (dict(target_logits_ptr=f32([[0.0, float("nan"), 0, 0]] * 5)), ValueError, "target_logits_ptr"),
     ],

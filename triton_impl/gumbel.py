@@ -233,19 +233,28 @@ def reciprocal(t):
 
 
 @triton.jit
-def div_by(x, t, t_inv):
-    # RN(x / t) for a 1-D block x (C6: correctly rounded), in three float32 steps instead of a
-    # division per element (a reciprocal approximation, refinement and a check for the slow path
-    # each): with t_inv = RN(1 / t), q = RN(x t_inv) is within an ulp of x / t, the remainder
+def div_by_lanes(x, t, t_inv):
+    # RN(x / t) for every lane of x in range (C6: correctly rounded), in three float32 steps instead
+    # of a division per element (a reciprocal approximation, refinement and a check for the slow
+    # path each): with t_inv = RN(1 / t), q = RN(x t_inv) is within an ulp of x / t, the remainder
     # x - q t is exact (one fma), and q + rem t_inv rounded once is RN(x / t) (Markstein's theorem),
     # unless a step leaves the normal range: |x| in (0, 2^-100) or (2^100, inf), or t outside
-    # [2^-20, 2^20]. Zeros and infinities take q (exact for them); where any lane of the block is out
-    # of range, the whole block divides again the general way (a branch the block takes together).
+    # [2^-20, 2^20] (t_inv is then NaN). Zeros and infinities take q (exact for them). Returns the
+    # quotients and the lanes out of range, which the caller must divide again with div_rn.
+    # The ranges on |x|'s bits, one unsigned compare each: [2^-100, 2^100] is [0x0D800000, 0x71800000],
+    # finite and nonzero is [1, 0x7F7FFFFF] (float compares took twice the instructions).
     q = x * t_inv
-    ax = tl.abs(x)
-    normal = (ax >= 7.888609052210118e-31) & (ax <= 1.2676506002282294e30)
-    odd = ((ax < 7.888609052210118e-31) & (ax != 0.0)) | ((ax > 1.2676506002282294e30) & (ax != float("inf")))
-    y = tl.where(normal, tl.fma(tl.fma(-q, t, x), t_inv, q), q)
+    a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    normal = (a - 0x0D800000).to(tl.uint32, bitcast=True) <= 0x64000000
+    odd = ~normal & ((a - 1).to(tl.uint32, bitcast=True) < 0x7F7FFFFF)
+    return tl.where(normal, tl.fma(tl.fma(-q, t, x), t_inv, q), q), odd
+
+
+@triton.jit
+def div_by(x, t, t_inv):
+    # RN(x / t) for a 1-D block x: div_by_lanes, and where any lane of the block is out of range the
+    # whole block divides again the general way (a branch the block takes together).
+    y, odd = div_by_lanes(x, t, t_inv)
     if (tl.max(odd.to(tl.int32), axis=0) > 0) | (t_inv != t_inv):
         y = tl.math.div_rn(x, t)
     return y
@@ -294,25 +303,21 @@ def units_to_float(units):
 
 @triton.jit
 def fixed46(t):
-    # floor(t * 2^46) of float32 t in [0, 1], from its bits: the significand shifted by the exponent
-    # (no float64 conversion, which a GPU runs at an eighth of its float32 rate).
-    b = t.to(tl.int32, bitcast=True)
-    shift = (b >> 23) - 104
-    m = ((b & 0x7FFFFF) | 0x800000).to(tl.int64)
-    return tl.where(shift >= 0, m << tl.minimum(tl.maximum(shift, 0), 63).to(tl.int64),
-                    m >> tl.minimum(-shift, 63).to(tl.int64))
+    # floor(t * 2^46) of float32 t in [0, 1]: the product is exact (a power of two; subnormal t
+    # becomes normal), and the truncating conversion is one instruction on a GPU where the
+    # significand shifted by the exponent in int64 took about ten.
+    return (t * SUM_SCALE).to(tl.int64)
 
 
 @triton.jit
 def exp_units(x):
     # fixed46(exp32(x)) for x <= 0 (-inf included; C30 rules NaN out), the unit of every exp-sum,
     # in about half exp32's and fixed46's instructions: below -33 the term is under 2^-46 (0 units),
-    # so x is clamped there, k stays in [-48, 0] and the units come from p's significand shifted
-    # by its exponent plus k, never through the float exp32 would assemble.
+    # so x is clamped there and k stays in [-48, 0]; p 2^(46 + k) is then exact (p in [0.7, 1.42],
+    # so a normal float below 2^47), and truncating it is floor(exp32(x) 2^46), never through the
+    # float exp32 would assemble.
     p, k = _exp_reduced(tl.maximum(x, -33.0))
-    b = p.to(tl.int32, bitcast=True)
-    m = ((b & 0x7FFFFF) | 0x800000).to(tl.int64)
-    return (m << 26) >> (26 - ((b >> 23) - 104 + k)).to(tl.int64)  # the shift is in [3, 52]
+    return (p * ((k + (46 + 127)) << 23).to(tl.float32, bitcast=True)).to(tl.int64)
 
 
 @triton.jit

@@ -9,6 +9,7 @@ import triton.language as tl
 
 from triton_impl.gumbel import (
     div_by,
+    div_by_lanes,
     exp32,
     exp_units,
     fixed46,
@@ -116,8 +117,8 @@ def _compute_local_logits_stats_kernel(
     step = tl.load(expanded_local_pos_ptr + logit_idx).to(tl.int64)
     slot = tl.load(expanded_idx_mapping_ptr + logit_idx).to(tl.int64)
     temp = tl.load(temp_ptr + slot).to(tl.float32)
-    block_idx = tl.program_id(1).to(tl.int64)
-    start = block_idx * BLOCK_SIZE
+    block_idx = tl.program_id(1)
+    start = block_idx * BLOCK_SIZE  # columns in int32, as vLLM's (the contract bounds V below 2^31)
     target_row = target_logits_ptr + logit_idx * target_logits_stride
     if temp == 0.0:
         # The first index of the tile's maximum, slice by slice: a later slice wins only when higher.
@@ -125,7 +126,7 @@ def _compute_local_logits_stats_kernel(
         best = tl.full((), float("-inf"), tl.float32)
         best_idx = tl.zeros((), tl.int64)
         for c in range(0, BLOCK_SIZE, SLICE):
-            x = _slice(target_row, start + c, vocab_size, SLICE)
+            x = _slice(target_row, start + c, vocab_size, SLICE) + 0.0  # a -0.0 ties with +0.0 (C30)
             value, idx = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
             better = (value > best) | (c == 0)
             best_idx = tl.where(better, c + idx, best_idx)
@@ -144,14 +145,31 @@ def _compute_local_logits_stats_kernel(
 
 
 @triton.jit
-def _slice(row, start, n, SLICE: tl.constexpr):
-    # Columns [start, start + SLICE) of a row as float32, -inf past n, -0.0 read as +0.0 (C30).
+def _slice(row, start, n, SLICE: tl.constexpr, MASKED: tl.constexpr = True):
+    # Columns [start, start + SLICE) of a row as float32, -inf past n (unmasked where the caller knows
+    # the slice is inside the row). A -0.0 stays -0.0: where it matters (a maximum, C30) the caller
+    # adds 0.0 once to the result, not to every element.
     cols = start + tl.arange(0, SLICE)
-    return tl.load(row + cols, mask=cols < n, other=float("-inf")).to(tl.float32) + 0.0
+    if MASKED:
+        x = tl.load(row + cols, mask=cols < n, other=float("-inf"))
+    else:
+        x = tl.load(row + cols)
+    return x.to(tl.float32)
 
 
 @triton.jit
 def _tile_max_and_sumexp(row, start, n, temp, DIVIDE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # Every tile but a row's last is whole: it reads without masks (a compare and a select per
+    # element).
+    if start + BLOCK_SIZE <= n:
+        m, se = _slices_max_and_sumexp(row, start, n, temp, DIVIDE, BLOCK_SIZE, False)
+    else:
+        m, se = _slices_max_and_sumexp(row, start, n, temp, DIVIDE, BLOCK_SIZE, True)
+    return m, se
+
+
+@triton.jit
+def _slices_max_and_sumexp(row, start, n, temp, DIVIDE: tl.constexpr, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
     # max_and_sumexp of the tile at `start` (divided by temp, rounded once, when DIVIDE), in slices
     # of at most STATS_SLICE columns: a first pass for the maximum (of the undivided logits, divided
     # once after: x -> RN(x / t) is monotone for t > 0), a second for the exact sum, so a slice's
@@ -160,20 +178,41 @@ def _tile_max_and_sumexp(row, start, n, temp, DIVIDE: tl.constexpr, BLOCK_SIZE: 
     SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < STATS_SLICE else STATS_SLICE
     col_max = tl.full((SLICE,), float("-inf"), tl.float32)
     for c in range(0, BLOCK_SIZE, SLICE):
-        col_max = tl.maximum(col_max, _slice(row, start + c, n, SLICE))
-    m = tl.max(col_max, axis=0)
+        col_max = tl.maximum(col_max, _slice(row, start + c, n, SLICE, MASKED))
+    m = tl.max(col_max, axis=0) + 0.0  # -0.0 reads as +0.0 (C30)
     if DIVIDE:
         m = tl.math.div_rn(m, temp) + 0.0  # a quotient's -0.0 reads as +0.0 too (C30)
     live = m > float("-inf")
     base = tl.where(live, m, 0.0)
     temp_inv = reciprocal(temp)
+    units, odd = _slices_units(row, start, n, base, temp, temp_inv, SLICE, BLOCK_SIZE, MASKED, DIVIDE, False)
+    if DIVIDE:
+        # div_by_lanes left some quotient to the general division: the whole tile again, exactly.
+        if (odd > 0) | (temp_inv != temp_inv):
+            units, odd = _slices_units(row, start, n, base, temp, temp_inv, SLICE, BLOCK_SIZE, MASKED, DIVIDE, True)
+    return m, tl.where(live, units_to_float(units), 0.0)
+
+
+@triton.jit
+def _slices_units(row, start, n, base, temp, temp_inv, SLICE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  MASKED: tl.constexpr, DIVIDE: tl.constexpr, EXACT: tl.constexpr):
+    # The tile's C29 units of exp32(x - base) (x divided by temp when DIVIDE: div_by_lanes, or div_rn
+    # when EXACT), and how many quotients div_by_lanes could not give (one reduction per tile).
     col_units = tl.zeros((SLICE,), tl.int64)
+    col_odd = tl.zeros((SLICE,), tl.int32)
     for c in range(0, BLOCK_SIZE, SLICE):
-        x = _slice(row, start + c, n, SLICE)
+        x = _slice(row, start + c, n, SLICE, MASKED)
         if DIVIDE:
-            x = div_by(x, temp, temp_inv)
+            if EXACT:
+                x = tl.math.div_rn(x, temp)
+            else:
+                x, odd = div_by_lanes(x, temp, temp_inv)
+                col_odd |= odd.to(tl.int32)
         col_units += exp_units(x - base)
-    return m, tl.where(live, units_to_float(tl.sum(col_units, axis=0)), 0.0)
+    odd_lanes = 0
+    if DIVIDE:
+        odd_lanes = tl.max(col_odd, axis=0)
+    return tl.sum(col_units, axis=0), odd_lanes
 
 
 @triton.jit
@@ -336,30 +375,51 @@ def _compute_local_residual_mass_kernel(
     temp = tl.load(temp_ptr + slot).to(tl.float32)
     if temp == 0.0:
         return
-    block_idx = tl.program_id(1).to(tl.int64)
+    block_idx = tl.program_id(1)  # columns in int32, as vLLM's (the contract bounds V below 2^31)
     lse_t = _logsumexp(target_local_max_ptr, target_local_max_stride, target_local_sumexp_ptr,
                        target_local_sumexp_stride, logit_idx, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS)
     lse_d = _logsumexp(draft_local_max_ptr, draft_local_max_stride, draft_local_sumexp_ptr, draft_local_sumexp_stride,
                        logit_idx, vocab_num_blocks, PADDED_VOCAB_NUM_BLOCKS)
     p_prev = exp32(tl.load(cumulative_log_p_ptr + logit_idx - 1))
-    row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
-    # The tile in slices of at most RESIDUAL_SLICE columns: the sum is exact, so slicing changes no
-    # bit, and a slice's two exps, fma and int64 units stay in registers (a whole 8192-column tile
-    # spilled them).
-    SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < RESIDUAL_SLICE else RESIDUAL_SLICE
+    target_row = target_logits_ptr + logit_idx * target_logits_stride
+    draft_row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
+    start = block_idx * BLOCK_SIZE
     temp_inv = reciprocal(temp)
+    if start + BLOCK_SIZE <= vocab_size:  # a whole tile reads without masks
+        units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                     BLOCK_SIZE, False, False)
+    else:
+        units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                     BLOCK_SIZE, True, False)
+    if (odd > 0) | (temp_inv != temp_inv):  # div_by_lanes left some quotient to the general division
+        units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                     BLOCK_SIZE, True, True)
+    tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx, units_to_float(units))
+
+
+@triton.jit
+def _residual_units(target_row, draft_row, start, n, p_prev, lse_t, lse_d, temp, temp_inv, BLOCK_SIZE: tl.constexpr,
+                    MASKED: tl.constexpr, EXACT: tl.constexpr):
+    # A tile's residual mass in C29 units, and how many draft quotients div_by_lanes could not give
+    # (then the caller runs it again EXACT, dividing with div_rn). In slices of at most
+    # RESIDUAL_SLICE columns: the sum is exact, so slicing changes no bit, and a slice's two exps,
+    # fma and int64 units stay in registers (a whole 8192-column tile spilled them); a loop, not
+    # unrolled (unrolled, K15 was 12 % slower on an H200).
+    SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < RESIDUAL_SLICE else RESIDUAL_SLICE
     col_units = tl.zeros((SLICE,), tl.int64)
+    col_odd = tl.zeros((SLICE,), tl.int32)
     for c in range(0, BLOCK_SIZE, SLICE):
-        cols = block_idx * BLOCK_SIZE + c + tl.arange(0, SLICE)
-        mask = cols < vocab_size
-        x = tl.load(target_logits_ptr + logit_idx * target_logits_stride + cols, mask=mask, other=float("-inf"))
-        y = tl.load(row + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        m_b = exp32(x.to(tl.float32) - lse_t)
-        m_s = exp32(div_by(y, temp, temp_inv) - lse_d)
+        y = _slice(draft_row, start + c, n, SLICE, MASKED)
+        if EXACT:
+            y = tl.math.div_rn(y, temp)
+        else:
+            y, odd = div_by_lanes(y, temp, temp_inv)
+            col_odd |= odd.to(tl.int32)
+        m_b = exp32(_slice(target_row, start + c, n, SLICE, MASKED) - lse_t)
+        m_s = exp32(y - lse_d)
         terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
         col_units += fixed46(terms)
-    tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx,
-             units_to_float(tl.sum(col_units, axis=0)))
+    return tl.sum(col_units, axis=0), tl.max(col_odd, axis=0)
 
 
 @triton.jit
@@ -594,8 +654,8 @@ def _resample_kernel(
     if temp == 0.0 and not is_bonus:
         return  # greedy, rejected at a draft: K16 stored the target argmax
     rejected = tl.load(draft_sampled_ptr + row + 1, mask=not is_bonus, other=0).to(tl.int64)
-    block_idx = tl.program_id(1).to(tl.int64)
-    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    block_idx = tl.program_id(1)
+    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)  # int32, as vLLM's (the contract bounds V below 2^31)
     mask = cols < vocab_size
     x = tl.load(target_logits_ptr + row * target_logits_stride + cols, mask=mask, other=float("-inf"))
     x = x.to(tl.float32) + 0.0  # -0.0 reads as +0.0 (C30)
