@@ -21,14 +21,16 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from triton_impl.gumbel import exp_units, units_to_float  # noqa: E402
+from triton_impl.gumbel import div_by_lanes, exp_units, reciprocal, units_to_float  # noqa: E402
 
 
 @triton.jit
-def two_pass(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr, SLICE: tl.constexpr, TRIVIAL: tl.constexpr,
-             WIDE: tl.constexpr, MASKED: tl.constexpr):
+def two_pass(out_ptr, x_ptr, stride, n, temp, BLOCK: tl.constexpr, SLICE: tl.constexpr, TRIVIAL: tl.constexpr,
+             WIDE: tl.constexpr, MASKED: tl.constexpr, DIVIDE: tl.constexpr):
     # K13's shape: a maximum pass, then an exact-sum pass over the same slices (the second read hits
     # L2). WIDE forms the columns in int64 (K13 until session 19: 64-bit masks on every element).
+    # DIVIDE: 0 the target's sum, 1 the draft's (div_by_lanes and its range check, as K13), 2 a
+    # multiply by the reciprocal alone (not the contract's division: its cost for comparison).
     r = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
     if WIDE:
@@ -36,7 +38,7 @@ def two_pass(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr, SLICE: tl.constexpr
     row = x_ptr + r * stride
     start = b * BLOCK
     acc = tl.full((SLICE,), float("-inf"), tl.float32)
-    for c in tl.static_range(0, BLOCK, SLICE):
+    for c in range(0, BLOCK, SLICE):
         cols = start + c + tl.arange(0, SLICE)
         if MASKED:
             v = tl.load(row + cols, mask=cols < n, other=float("-inf"))
@@ -44,18 +46,27 @@ def two_pass(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr, SLICE: tl.constexpr
             v = tl.load(row + cols)
         acc = tl.maximum(acc, v)
     m = tl.max(acc, axis=0) + 0.0
+    t_inv = reciprocal(temp)
+    if DIVIDE > 0:
+        m = tl.math.div_rn(m, temp)
     u = tl.zeros((SLICE,), tl.int64)
-    for c in tl.static_range(0, BLOCK, SLICE):
+    odd_lanes = tl.zeros((SLICE,), tl.int32)
+    for c in range(0, BLOCK, SLICE):
         cols = start + c + tl.arange(0, SLICE)
         if MASKED:
             v = tl.load(row + cols, mask=cols < n, other=float("-inf"))
         else:
             v = tl.load(row + cols)
+        if DIVIDE == 1:
+            v, odd = div_by_lanes(v, temp, t_inv)
+            odd_lanes |= odd.to(tl.int32)
+        elif DIVIDE == 2:
+            v = v * t_inv
         if TRIVIAL:
             u += (v - m).to(tl.int32, bitcast=True).to(tl.int64)
         else:
             u += exp_units(v - m)
-    tl.store(out_ptr + r * 64 + b, units_to_float(tl.sum(u, axis=0)) + m)
+    tl.store(out_ptr + r * 64 + b, units_to_float(tl.sum(u, axis=0)) + m + tl.max(odd_lanes, axis=0))
 
 
 @triton.jit
@@ -93,16 +104,19 @@ def main() -> int:
     S = x.stride(0)
     grid = (R, triton.cdiv(V, B))
     gb = x.numel() * 4 / 1e9
-    two = dict(BLOCK=B, SLICE=2048, TRIVIAL=False, WIDE=False, MASKED=True)
+    two = dict(BLOCK=B, SLICE=2048, TRIVIAL=False, WIDE=False, MASKED=True, DIVIDE=0)
     runs = {
         "copy-read (x.sum)": lambda: x.sum(dim=1),
         "max only, slices 2048": lambda: max_only[grid](out, x, S, V, BLOCK=B, SLICE=2048),
-        "two-pass trivial sum": lambda: two_pass[grid](out, x, S, V, **{**two, "TRIVIAL": True}),
-        "two-pass exp_units (ours)": lambda: two_pass[grid](out, x, S, V, **two),
-        "two-pass exp_units, int64 columns": lambda: two_pass[grid](out, x, S, V, **{**two, "WIDE": True}),
-        "two-pass exp_units, no masks": lambda: two_pass[grid](out, x, S, V, **{**two, "MASKED": False}),
-        "two-pass exp_units, slice 1024": lambda: two_pass[grid](out, x, S, V, **{**two, "SLICE": 1024}),
-        "two-pass exp_units, 8 warps": lambda: two_pass[grid](out, x, S, V, **two, num_warps=8),
+        "two-pass trivial sum": lambda: two_pass[grid](out, x, S, V, 0.7, **{**two, "TRIVIAL": True}),
+        "two-pass exp_units (ours)": lambda: two_pass[grid](out, x, S, V, 0.7, **two),
+        "two-pass exp_units, draft (div_by_lanes)": lambda: two_pass[grid](out, x, S, V, 0.7, **{**two, "DIVIDE": 1}),
+        "two-pass exp_units, draft (no masks)": lambda: two_pass[grid](out, x, S, V, 0.7, **{**two, "DIVIDE": 1, "MASKED": False}),
+        "two-pass exp_units, x * (1/t) only": lambda: two_pass[grid](out, x, S, V, 0.7, **{**two, "DIVIDE": 2}),
+        "two-pass exp_units, int64 columns": lambda: two_pass[grid](out, x, S, V, 0.7, **{**two, "WIDE": True}),
+        "two-pass exp_units, no masks": lambda: two_pass[grid](out, x, S, V, 0.7, **{**two, "MASKED": False}),
+        "two-pass exp_units, slice 1024": lambda: two_pass[grid](out, x, S, V, 0.7, **{**two, "SLICE": 1024}),
+        "two-pass exp_units, 8 warps": lambda: two_pass[grid](out, x, S, V, 0.7, **two, num_warps=8),
         "one-pass exp_units 4 warps": lambda: one_pass[grid](out, x, S, V, BLOCK=B, FLOAT=False),
         "one-pass exp_units 8 warps": lambda: one_pass[grid](out, x, S, V, BLOCK=B, FLOAT=False, num_warps=8),
         "one-pass tl.exp float (vLLM-like)": lambda: one_pass[grid](out, x, S, V, BLOCK=B, FLOAT=True),
