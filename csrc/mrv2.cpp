@@ -273,15 +273,34 @@ SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n, Upcomin
 // one pass over the logits instead of three.
 constexpr int kNotFinite = 1, kInfScaled = 2;
 
+// A power-of-two temperature (1.0, the target's, among them) divides by multiplying with its exact
+// reciprocal: x * 2^-e and x / 2^e are the same real number, so rounding it once gives the same bits
+// for every x (subnormal, zero, infinite); the port never fuses the product into a later addition
+// (-ffp-contract=off). A vector division costs several multiplies' throughput.
+inline bool exact_reciprocal(float t) {
+  const std::uint32_t b = gumbel::to_bits(t);
+  return (b & 0x7FFFFFu) == 0 && (b >> 23) - 1u < 0xFEu;  // a positive normal power of two
+}
+
 #define SPECDIFF_LOAD_LOGITS(T)                                                                           \
   SPECDIFF_CLONES int load_logits(const T* src, std::int64_t n, float temperature, float* dst) {          \
     constexpr float inf = std::numeric_limits<float>::infinity();                                         \
     int bad = 0, scaled_inf = 0;                                                                          \
-    for (std::int64_t q = 0; q < n; ++q) {                                                                \
-      const float v = to_float(src[q]);                                                                   \
-      bad |= !(v < inf);                                                                                  \
-      dst[q] = (v + 0.0f) / temperature + 0.0f;  /* -0.0 after the division too (C30) */                \
-      scaled_inf |= dst[q] == inf;                                                                        \
+    if (exact_reciprocal(temperature)) {                                                                  \
+      const float inverse = 1.0f / temperature;                                                           \
+      for (std::int64_t q = 0; q < n; ++q) {                                                              \
+        const float v = to_float(src[q]);                                                                 \
+        bad |= !(v < inf);                                                                                \
+        dst[q] = (v + 0.0f) * inverse + 0.0f;                                                             \
+        scaled_inf |= dst[q] == inf;                                                                      \
+      }                                                                                                   \
+    } else {                                                                                              \
+      for (std::int64_t q = 0; q < n; ++q) {                                                              \
+        const float v = to_float(src[q]);                                                                 \
+        bad |= !(v < inf);                                                                                \
+        dst[q] = (v + 0.0f) / temperature + 0.0f;  /* -0.0 after the division too (C30) */              \
+        scaled_inf |= dst[q] == inf;                                                                      \
+      }                                                                                                   \
     }                                                                                                     \
     return bad * kNotFinite | scaled_inf * kInfScaled;                                                    \
   }

@@ -254,12 +254,14 @@ def same_as_oracle(backend: str, spec: KernelSpec, a: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("backend", ["triton", "cpu"])
 @pytest.mark.parametrize("value, column, temp", [(1e-35, 1, 2.0), (1e-35, 4, 2.0), (3e30, 1, 2.0), (5.0, 1, 2.0**21),
-                                                 (5.0, 1, 2.0**-21)],
-                         ids=["tiny-whole-tile", "tiny-last-tile", "huge", "hot", "cold"])
+                                                 (5.0, 1, 2.0**-21), (1e-38, 1, 4.0), (1e-35, 1, 0.7)],
+                         ids=["tiny-whole-tile", "tiny-last-tile", "huge", "hot", "cold", "subnormal-quotient",
+                              "tiny-any-temperature"])
 def test_logits_stats_general_division(backend, value, column, temp):
     # A draft quotient outside div_by_lanes' range (a logit in (0, 2^-100) or above 2^100, or a
     # temperature outside [2^-20, 2^20]) sends its whole tile to the general division: the same
-    # bits as the oracle's, in a whole tile and in a row's last.
+    # bits as the oracle's, in a whole tile and in a row's last. The port multiplies by the
+    # reciprocal of a power-of-two temperature: the same bits too, a subnormal quotient included.
     a = stats_args()
     a["draft_logits_ptr"][0, 0, column] = value
     a["temp_ptr"][0] = temp
