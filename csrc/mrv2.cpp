@@ -282,27 +282,27 @@ inline bool exact_reciprocal(float t) {
   return (b & 0x7FFFFFu) == 0 && (b >> 23) - 1u < 0xFEu;  // a positive normal power of two
 }
 
+// One pass, with the quotient as `scale` computes it (inlined into each clone's loop).
+template <typename T, typename Scale>
+[[gnu::always_inline]] inline int load_scaled(const T* src, std::int64_t n, float* dst, Scale scale) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  int bad = 0, scaled_inf = 0;
+  for (std::int64_t q = 0; q < n; ++q) {
+    const float v = to_float(src[q]);
+    bad |= !(v < inf);
+    dst[q] = scale(v + 0.0f) + 0.0f;  // -0.0 after the division too (C30)
+    scaled_inf |= dst[q] == inf;
+  }
+  return bad * kNotFinite | scaled_inf * kInfScaled;
+}
+
 #define SPECDIFF_LOAD_LOGITS(T)                                                                           \
   SPECDIFF_CLONES int load_logits(const T* src, std::int64_t n, float temperature, float* dst) {          \
-    constexpr float inf = std::numeric_limits<float>::infinity();                                         \
-    int bad = 0, scaled_inf = 0;                                                                          \
     if (exact_reciprocal(temperature)) {                                                                  \
       const float inverse = 1.0f / temperature;                                                           \
-      for (std::int64_t q = 0; q < n; ++q) {                                                              \
-        const float v = to_float(src[q]);                                                                 \
-        bad |= !(v < inf);                                                                                \
-        dst[q] = (v + 0.0f) * inverse + 0.0f;                                                             \
-        scaled_inf |= dst[q] == inf;                                                                      \
-      }                                                                                                   \
-    } else {                                                                                              \
-      for (std::int64_t q = 0; q < n; ++q) {                                                              \
-        const float v = to_float(src[q]);                                                                 \
-        bad |= !(v < inf);                                                                                \
-        dst[q] = (v + 0.0f) / temperature + 0.0f;  /* -0.0 after the division too (C30) */              \
-        scaled_inf |= dst[q] == inf;                                                                      \
-      }                                                                                                   \
+      return load_scaled(src, n, dst, [inverse](float v) { return v * inverse; });                        \
     }                                                                                                     \
-    return bad * kNotFinite | scaled_inf * kInfScaled;                                                    \
+    return load_scaled(src, n, dst, [temperature](float v) { return v / temperature; });                  \
   }
 SPECDIFF_LOAD_LOGITS(float)
 SPECDIFF_LOAD_LOGITS(BFloat16)
