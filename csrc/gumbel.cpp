@@ -94,6 +94,79 @@ void tree_sums(Buffer out, Buffer x, std::int64_t rows, std::int64_t stride, std
   }
 }
 
+// K17's bounds (vmath.h) against the exact functions, for the 32-bit inputs [lo, lo + count): hashes
+// for gumbel32_above, float32 bit patterns of the log-ratio d for residual_above (where exp32(d) < 1,
+// the lanes K17 scores finite). Returns the number of inputs where the bound is below the exact
+// value, and the smallest and largest bound - exact where both are finite.
+struct Slack {
+  std::int64_t below = 0;
+  float least = INFINITY, most = -INFINITY;
+};
+
+SPECDIFF_CLONES Slack bound_slack_range(bool noise, std::uint32_t lo, std::int64_t count) {
+  using namespace vmath;
+  Slack s;
+  Iv lane;
+  for (int l = 0; l < kLanes; ++l) lane[l] = l;
+  Fv least = Fv{} + INFINITY, most = Fv{} - INFINITY;
+  Iv below{};
+  for (std::int64_t j = 0; j < count; j += kLanes) {
+    const Uv bits = reinterpret_cast<Uv>(lane + static_cast<std::int32_t>(lo + static_cast<std::uint32_t>(j)));
+    Iv valid = lane < static_cast<std::int32_t>(count - j);
+    Fv exact, bound;
+    if (noise) {
+      exact = gumbel32(uniform32(bits));
+      bound = gumbel32_above(bits);
+    } else {
+      const Fv d = reinterpret_cast<Fv>(bits), ratio = exp32(d);
+      valid &= ratio < 1.0f;
+      exact = log1p32_negative(ratio < 1.0f ? -ratio : Fv{});
+      bound = residual_above(d);
+    }
+    below -= valid & (bound < exact);  // a mask is -1 where set
+    const Iv finite = valid & (bound > -INFINITY) & (bound < INFINITY) & (exact > -INFINITY);
+    const Fv slack = bound - exact;
+    least = finite & (slack < least) ? slack : least;
+    most = finite & (slack > most) ? slack : most;
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    s.below += below[l];
+    s.least = std::min(s.least, least[l]);
+    s.most = std::max(s.most, most[l]);
+  }
+  return s;
+}
+
+py::tuple bound_slack(bool noise, std::int64_t lo, std::int64_t count) {
+  need_at_least(kProbe, "lo", lo, 0);
+  need_at_least(kProbe, "count", count, 0);
+  if (lo + count > (std::int64_t{1} << 32)) fail(kProbe, "count", "must keep lo + count within 2^32");
+  Slack total;
+  {
+    py::gil_scoped_release nogil;
+    constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+    const std::int64_t chunks = (count + kChunk - 1) / kChunk;
+#pragma omp parallel
+    {
+      Slack mine;
+#pragma omp for schedule(dynamic, 16)
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const Slack s = bound_slack_range(noise, static_cast<std::uint32_t>(lo + c * kChunk), std::min(kChunk, count - c * kChunk));
+        mine.below += s.below;
+        mine.least = std::min(mine.least, s.least);
+        mine.most = std::max(mine.most, s.most);
+      }
+#pragma omp critical
+      {
+        total.below += mine.below;
+        total.least = std::min(total.least, mine.least);
+        total.most = std::max(total.most, mine.most);
+      }
+    }
+  }
+  return py::make_tuple(total.below, total.least, total.most);
+}
+
 }  // namespace
 
 void register_gumbel(py::module_& m) {
@@ -101,6 +174,7 @@ void register_gumbel(py::module_& m) {
   m.def("murmur3", &murmur3);
   m.def("numerics", &numerics);
   m.def("tree_sums", &tree_sums);
+  m.def("bound_slack", &bound_slack, py::arg("noise"), py::arg("lo"), py::arg("count"));
 }
 
 }  // namespace specdiff

@@ -54,10 +54,18 @@ template <class U>
   return (x << r) | (x >> (32 - r));
 }
 
+constexpr std::uint32_t kMurmurC1 = 0xCC9E2D51u;
+
+// One block, given as key * kMurmurC1 (a caller stepping through consecutive keys adds the constant).
+template <class U>
+[[gnu::always_inline]] inline U mix_scaled(U h, U key_c1) {
+  const U key = rotl(key_c1, 15) * 0x1B873593u;
+  return rotl(h ^ key, 13) * 5u + 0xE6546B64u;
+}
+
 template <class U>
 [[gnu::always_inline]] inline U mix(U h, U key) {
-  key = rotl(key * 0xCC9E2D51u, 15) * 0x1B873593u;
-  return rotl(h ^ key, 13) * 5u + 0xE6546B64u;
+  return mix_scaled(h, key * kMurmurC1);
 }
 
 // The hash state after `domain`, the seed's two words and the position's low word.
@@ -69,13 +77,18 @@ inline std::uint32_t murmur3_prefix(std::int64_t seed, std::int64_t pos, std::ui
   return mix(h, static_cast<std::uint32_t>(static_cast<std::uint64_t>(pos)));
 }
 
-// The last block (`key`), the length (16 bytes) and the finalizer.
+// The last block (given as key * kMurmurC1), the length (16 bytes) and the finalizer.
 template <class U>
-[[gnu::always_inline]] inline U murmur3_finish(U h, U key) {
-  h = mix(h, key) ^ 16u;
+[[gnu::always_inline]] inline U murmur3_finish_scaled(U h, U key_c1) {
+  h = mix_scaled(h, key_c1) ^ 16u;
   h = (h ^ (h >> 16)) * 0x85EBCA6Bu;
   h = (h ^ (h >> 13)) * 0xC2B2AE35u;
   return h ^ (h >> 16);
+}
+
+template <class U>
+[[gnu::always_inline]] inline U murmur3_finish(U h, U key) {
+  return murmur3_finish_scaled(h, key * kMurmurC1);
 }
 
 inline std::uint32_t murmur3_hash32(std::int64_t seed, std::int64_t pos, std::uint32_t key, std::uint32_t domain = 0) {

@@ -1056,56 +1056,85 @@ inline float resample_score32(const ResampleTile& r, std::int64_t q) {
   return v;
 }
 
-// The first index of the tile's largest float32 score and that score (all -inf: index 0). The
-// scores go to `scores` kLanes lanes at a time, and a second pass takes the argmax.
-SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTile& r, std::int64_t n, float* scores) {
+// The first index of the tile's largest float32 score and that score (all -inf: index 0), kLanes
+// lanes at a time. With noise, vectors are scored only in groups where a lane's bound (vmath's
+// residual_above and gumbel32_above, a dozen operations) exceeds the best score so far: no other
+// lane can be the tile's first maximum, and few come near it (on the benchmark's batch, a few
+// groups a tile). The bounds are tested kGroup vectors at a time: the test that any lane passes
+// costs as much as the bounds of a vector.
+SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTile& r, std::int64_t n) {
   using namespace vmath;
+  constexpr std::int64_t kGroup = 8 * kLanes;
   const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
   const Uv h = Uv{} + gumbel::murmur3_prefix(r.seed, r.pos);
   Iv lane;
   for (int l = 0; l < kLanes; ++l) lane[l] = l;
-  const auto score_lanes = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
-    Fv v = loadu(r.x + j);
-    if (r.y != nullptr) {
-      Fv lp = v - r.lse_t;
-      if (r.shifted) lp = lp + r.shift;
-      const Fv ratio = exp32(loadu(r.y + j) - r.lse_d - lp);
-      const Fv log1p = log1p32_negative(ratio < 1.0f ? -ratio : Fv{});
-      v = ratio < 1.0f ? lp + log1p : Fv{} + kNegInf;
-    }
-    if (r.noise) {
-      const Uv key = reinterpret_cast<Uv>(lane + static_cast<std::int32_t>(r.lo + j));
-      v = v + gumbel32(uniform32(gumbel::murmur3_finish(h, key)));
-    }
-    return v;
+  // The first key's hash constant times the lanes' keys; a vector step adds kLanes times it.
+  const Uv key_c1 = reinterpret_cast<Uv>(lane + static_cast<std::int32_t>(r.lo)) * gumbel::kMurmurC1;
+  // The logits, the residual's log p and log(q/p), and the noise's hash of the kLanes lanes from j.
+  struct Lanes {
+    Fv x, lp, d;
+    Uv h;
   };
-  for (std::int64_t j = 0; j < nv; j += kLanes) {
-    r.next_x.fetch(j / kLanes);
-    r.next_y.fetch(j / kLanes);
-    const Fv v = score_lanes(j);
-    std::memcpy(scores + j, &v, sizeof v);
-  }
-  for (std::int64_t q = nv; q < n; ++q) scores[q] = resample_score32(r, q);
+  const auto lanes = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
+    Lanes a{loadu(r.x + j), {}, {}, {}};
+    a.lp = a.x;
+    if (r.y != nullptr) {
+      a.lp = a.x - r.lse_t;
+      if (r.shifted) a.lp = a.lp + r.shift;  // the block residual scales p by the joint ratio
+      a.d = loadu(r.y + j) - r.lse_d - a.lp;
+    }
+    if (r.noise) a.h = gumbel::murmur3_finish_scaled(h, key_c1 + static_cast<std::uint32_t>(j) * gumbel::kMurmurC1);
+    return a;
+  };
   Fv best = Fv{} + kNegInf;
   Iv at = lane;  // each lane's first index of its best (all -inf: its first)
-  for (std::int64_t j = 0; j < nv; j += kLanes) {
-    const Fv v = loadu(scores + j);
-    at = best < v ? lane + static_cast<std::int32_t>(j) : at;
-    best = best < v ? v : best;
+  float top = kNegInf;  // the best score so far
+  for (std::int64_t g = 0; g < nv; g += kGroup) {
+    const std::int64_t end = std::min(g + kGroup, nv);
+    Iv above_top[kGroup / kLanes];  // per vector: the lanes whose bound exceeds the best score so far
+    if (r.noise) {
+      Iv any{};
+      for (std::int64_t j = g; j < end; j += kLanes) {
+        r.next_x.fetch(j / kLanes);
+        r.next_y.fetch(j / kLanes);
+        const Lanes a = lanes(j);
+        above_top[(j - g) / kLanes] = (r.y != nullptr ? a.lp + residual_above(a.d) : a.x) + gumbel32_above(a.h) > top;
+        any |= above_top[(j - g) / kLanes];
+      }
+      if (!any_lane(any)) continue;
+    }
+    for (std::int64_t j = g; j < end; j += kLanes) {
+      if (r.noise && !any_lane(above_top[(j - g) / kLanes])) continue;
+      const Lanes a = lanes(j);
+      Fv v = a.x;
+      if (r.y != nullptr) {
+        // log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
+        const Fv ratio = exp32(a.d);
+        const Fv log1p = log1p32_negative(ratio < 1.0f ? -ratio : Fv{});
+        v = ratio < 1.0f ? a.lp + log1p : Fv{} + kNegInf;
+      }
+      if (r.noise) v = v + gumbel32(uniform32(a.h));
+      at = best < v ? lane + static_cast<std::int32_t>(j) : at;
+      best = best < v ? v : best;
+    }
+    if (r.noise) top = max_lane(best);
   }
-  float top = kNegInf;
+  top = kNegInf;
   std::int64_t arg = 0;
   if (nv > 0) {
-    for (int l = 0; l < kLanes; ++l) top = std::max(top, best[l]);
+    top = max_lane(best);
     arg = nv;
     for (int l = 0; l < kLanes; ++l)
       if (best[l] == top) arg = std::min<std::int64_t>(arg, at[l]);
   }
-  for (std::int64_t q = nv; q < n; ++q)
-    if (q == 0 || scores[q] > top) {
-      top = scores[q];
+  for (std::int64_t q = nv; q < n; ++q) {
+    const float score = resample_score32(r, q);
+    if (q == 0 || score > top) {
+      top = score;
       arg = q;
     }
+  }
   return {top, arg};
 }
 
@@ -1224,7 +1253,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
       py::gil_scoped_release nogil;
 #pragma omp parallel if (parallel_if(cells * block >= (1 << 16))) reduction(| : bad)
       {
-        std::vector<float> x(block), y(block), scores(block);
+        std::vector<float> x(block), y(block);
 #pragma omp for schedule(static)
         for (std::int64_t c = 0; c < cells; ++c) {
           const std::size_t w = static_cast<std::size_t>(c / nb);
@@ -1248,7 +1277,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
           if (takes_draft[r1] && has_draft)
             tile.next_y = upcoming(draft.as<D>() + draft_at[residual_index[r1]] + next.lo, next.n);
           if constexpr (std::is_same_v<M, float>) {
-            std::tie(maxima[c], args[c]) = resample_tile32(tile, n, scores.data());
+            std::tie(maxima[c], args[c]) = resample_tile32(tile, n);
           } else {
             // float64 noise: the float32 value widened, plus float64 Gumbel noise.
             ResampleTile noiseless = tile;

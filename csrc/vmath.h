@@ -140,4 +140,62 @@ typedef std::uint32_t Uv __attribute__((vector_size(4 * kLanes)));
   return (m << __builtin_convertvector(up, Lv)) >> __builtin_convertvector(down > 63 ? Iv{} + 63 : down, Lv);
 }
 
+// -- Upper bounds: the lanes K17 need not score ----------------------------------------------------
+// K17 keeps a tile's first largest score. A lane whose score cannot exceed the best one scored
+// earlier in the tile changes neither the maximum nor its first index, so its exact score (an
+// exp32, a log1p and the noise's two logs, four divisions in all) is not needed: a bound costing a
+// dozen operations decides. The bounds are not C29: no output takes their bits, only the fact
+// that they are bounds, which tests/test_gumbel.py checks for every input they can take (all 2^32
+// hashes, all 2^32 float32 log-ratios). Float addition rounds monotonically, so bounds on the two
+// terms of a score bound the score.
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kMitchell = 0.0861f;  // log2(x) - log2_below(x) < 0.08607 (plus 2^-17 of rounding)
+constexpr float kBoundMargin = 0x1p-10f;  // above the functions' own rounding, which is near 2^-20
+
+// About log2(x), from below, for positive normal x: x's bits read as a fixed-point number
+// (Mitchell's approximation; exact at powers of two, low by at most kMitchell).
+[[gnu::always_inline]] inline Fv log2_below(Fv x) {
+  return fmav(__builtin_convertvector(ibits(x), Fv), Fv{} + 0x1p-23f, Fv{} - 127.0f);
+}
+
+// At least gumbel32(uniform32(h)) for every hash h. The uniform is taken as h 2^-32 in three steps
+// (uniform32 takes eight), close enough for the margin. With w = max(1 - u, 2^-24) as gumbel32
+// takes it, t = -log(w) is at least u and at least -ln2 (log2_below(w) + kMitchell); the noise
+// -log(t) is then at most -ln2 log2_below(t). Loose by less than 0.15 where u >= 2^-16.
+[[gnu::always_inline]] inline Fv gumbel32_above(Uv h) {
+  const Fv u = __builtin_convertvector(reinterpret_cast<Iv>(h >> 1), Fv) * 0x1p-31f;
+  const Fv one_minus = 1.0f - u, floor = Fv{} + 5.960464477539063e-08f;
+  const Fv w = one_minus > floor ? one_minus : floor;
+  const Fv t0 = fmav(log2_below(w), Fv{} - kLn2, Fv{} - kLn2 * kMitchell);
+  return fmav(log2_below(t0 > u ? t0 : u), Fv{} - kLn2, Fv{} + kBoundMargin);
+}
+
+// At least log1p32_negative(-exp32(d)) wherever exp32(d) < 1, and -inf where d is not negative (or
+// NaN; K17 scores those lanes -inf): log(1 - e^d) <= min(0, log(-d)). Below 2^-10, -d is raised to
+// 2^-10: there 1 - exp32(d) has cancelled to a few significant bits. Loose by at most about 0.5.
+[[gnu::always_inline]] inline Fv residual_above(Fv d) {
+  const Fv nd = -d, c = nd > 0x1p-10f ? nd : Fv{} + 0x1p-10f;
+  const Fv b = fmav(log2_below(c), Fv{} + kLn2, Fv{} + (kLn2 * kMitchell + kBoundMargin));
+  return d < 0.0f ? (b < 0.0f ? b : Fv{}) : Fv{} + -__builtin_inff();
+}
+
+// Whether any lane of a compare's mask is set, and the largest lane: folded in halves (a loop
+// over the lanes is what GCC leaves scalar).
+[[gnu::always_inline]] inline bool any_lane(Iv m) {
+  typedef std::int32_t I8 __attribute__((vector_size(32)));
+  typedef std::int32_t I4 __attribute__((vector_size(16)));
+  const I8 a = __builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7) | __builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15);
+  const I4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) | __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] | b[1] | b[2] | b[3]) != 0;
+}
+[[gnu::always_inline]] inline float max_lane(Fv v) {
+  typedef float F8 __attribute__((vector_size(32)));
+  typedef float F4 __attribute__((vector_size(16)));
+  const F8 a0 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), a1 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const F8 a = a0 < a1 ? a1 : a0;
+  const F4 b0 = __builtin_shufflevector(a, a, 0, 1, 2, 3), b1 = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const F4 b = b0 < b1 ? b1 : b0;
+  return std::max(std::max(b[0], b[1]), std::max(b[2], b[3]));
+}
+
 }  // namespace specdiff::vmath

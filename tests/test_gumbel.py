@@ -214,6 +214,20 @@ def test_the_noise_is_gumbel_where_it_decides():
     assert float((ref.gumbel32(u) - noise)[series].abs().max()) < 1e-5
 
 
+
+@pytest.mark.parametrize("noise", [True, False], ids=["gumbel32_above", "residual_above"])
+def test_the_resample_bounds_hold_for_every_input(noise):
+    # K17's port skips the lanes these bound below the best score (csrc/vmath.h): a bound under its
+    # exact value anywhere could lose a tile's maximum. Every 2^32 input: the hashes behind the
+    # noise, the float32 log-ratios behind the residual (about 7 s each on 2 cores).
+    below, least, _ = _C.gumbel.bound_slack(noise, 0, 1 << 32)
+    assert below == 0 and least >= 0.0
+    # Loose bounds would score every lane, and the skip would do nothing: close where it matters.
+    if noise:  # u >= 2^-16: all but one lane in 65536
+        assert _C.gumbel.bound_slack(True, 1 << 16, (1 << 32) - (1 << 16))[2] < 0.15
+    else:  # d in [-8, -2^-10]: loose by log(-d / (1 - e^d)) + 0.06 at most
+        assert _C.gumbel.bound_slack(False, 0xBA800000, 0xC1000000 - 0xBA800000)[2] < 0.5
+
 # -- C29 numerics: specified float32 exp/log/log1p -------------------------------------------------
 def _numerics_inputs() -> torch.Tensor:
     """Random float32 bit patterns (NaNs, infinities, subnormals and both zeros among them), dense

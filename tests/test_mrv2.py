@@ -712,6 +712,53 @@ def test_golden_resample_draft_logits(backend):
 
 
 
+def wide_resample_args(style: str, block: bool) -> dict[str, Any]:
+    """16 requests of one draft over a vocabulary of 8192 in tiles of 256, resampled at the draft
+    (a residual with draft logits) or at the bonus row, at temperatures 1, 0.7 and 0 (a greedy bonus
+    row: no noise). Logits: N(0, 3) with the draft N(0, 1) away ("plain"), all equal ("flat"), or a
+    draft equal to the target in the first requests (every ratio 1: tiles of -inf scores)."""
+    g = torch.Generator().manual_seed(12)
+    r, v, tile = 16, 8192, 256
+    target = torch.randn((2 * r, v), generator=g) * 3
+    if style == "flat":
+        target[:] = 0.25
+    draft = (target[0::2] + torch.randn((r, v), generator=g)).reshape(r, 1, v)
+    if style == "equal":
+        draft[:4, 0] = target[0:8:2]
+    temps = [1.0, 0.7, 1.0, 0.0, 1.0, 1.0, 0.7, 1.0] * 2
+    steps = [0, 0, 0, 1, 1, 0, 0, 0] * 2  # requests 3 and 11 are greedy: only their bonus rows write
+    rows = [2 * q + steps[q] for q in range(r)]
+    lse_t = f32([float(torch.logsumexp(target[row], 0)) for row in rows])
+    lse_d = f32([float(torch.logsumexp(draft[q, 0] / max(temps[q], 1e-3), 0)) for q in range(r)])
+    return dict(
+        resampled_local_argmax_ptr=torch.full((r, v // tile), POISON, dtype=I64), resampled_local_argmax_stride=v // tile,
+        resampled_local_max_ptr=torch.full((r, v // tile), float("nan")), resampled_local_max_stride=v // tile,
+        target_logits_ptr=target, target_logits_stride=v, target_rejected_logsumexp_ptr=lse_t, draft_logits_ptr=draft,
+        draft_logits_stride_0=v, draft_logits_stride_1=v, draft_rejected_logsumexp_ptr=lse_d,
+        rejected_step_ptr=i32(steps), cu_num_logits_ptr=i32(list(range(0, 2 * r + 1, 2))),
+        expanded_idx_mapping_ptr=i64([q for q in range(r) for _ in range(2)]),
+        draft_sampled_ptr=i32([t for q in range(r) for t in (7, 100 + q)]), temp_ptr=f32(temps),
+        seed_ptr=i64([11 * q - 40 for q in range(r)]), pos_ptr=i64(list(range(1000, 1000 + 2 * r))),
+        cumulative_log_p_ptr=f32([-0.5 * (q % 3) for q in range(2 * r)]) if block else None, contexts_ptr=None,
+        contexts_stride=0, watermarking_ptr=None, watermarking_skip_mask_ptr=None, watermark_key_0=0, watermark_key_1=0,
+        vocab_size=v, BLOCK_SIZE=tile, HAS_DRAFT_LOGITS=True, USE_FP64=False, USE_BLOCK_VERIFICATION=block,
+        CONTEXT_WIDTH=1, WATERMARK=False, DEDUPLICATE_CONTEXTS=False)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+@pytest.mark.parametrize("style, block", [("plain", False), ("plain", True), ("flat", False), ("equal", False)])
+def test_resample_wide_tiles(backend, style, block):
+    # Tiles of many vectors, as the call site's 8192 columns are: the port scores only the vectors
+    # whose bounds (csrc/vmath.h) exceed the best score so far. 512 tiles a case; a
+    # bound low by 0.1 loses maxima here (tests/test_gumbel.py checks the bounds themselves on every
+    # input). Equal draft and target make whole tiles -inf (index 0).
+    a = wide_resample_args(style, block)
+    same_as_oracle(backend, contract.RESAMPLE, a)
+    if style == "equal":
+        assert a["resampled_local_max_ptr"][[0, 2]].isneginf().all()  # request 1's draft is divided by 0.7
+        assert (a["resampled_local_argmax_ptr"][[0, 2]] == torch.arange(0, 8192, 256)).all()
+
+
 @cpu_and_reference
 @pytest.mark.parametrize(
     "change, error, param",
