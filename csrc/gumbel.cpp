@@ -137,6 +137,33 @@ SPECDIFF_CLONES Slack bound_slack_range(bool noise, std::uint32_t lo, std::int64
   return s;
 }
 
+// The bounds themselves, lane by lane (the kernels' forms), for comparison with Triton's bits.
+SPECDIFF_CLONES void bounds_lanes(const std::int64_t* h, const float* d, float* noise, float* residual, std::int64_t n) {
+  using namespace vmath;
+  for (std::int64_t j = 0; j < n; j += kLanes) {
+    Uv hv{};
+    Fv dv{};
+    for (int l = 0; l < kLanes && j + l < n; ++l) {
+      hv[l] = static_cast<std::uint32_t>(h[j + l]);
+      dv[l] = d[j + l];
+    }
+    const Fv a = gumbel32_above(hv), b = residual_above(dv);
+    for (int l = 0; l < kLanes && j + l < n; ++l) {
+      noise[j + l] = a[l];
+      residual[j + l] = b[l];
+    }
+  }
+}
+
+void bounds(Buffer noise, Buffer residual, Buffer h, Buffer d) {
+  const std::int64_t n = h.numel;
+  need_dtype("h", h, kInt64, n);
+  need_dtype("d", d, kFloat32, n);
+  need_dtype("noise", noise, kFloat32, n);
+  need_dtype("residual", residual, kFloat32, n);
+  bounds_lanes(h.as<std::int64_t>(), d.as<float>(), noise.as<float>(), residual.as<float>(), n);
+}
+
 py::tuple bound_slack(bool noise, std::int64_t lo, std::int64_t count) {
   need_at_least(kProbe, "lo", lo, 0);
   need_at_least(kProbe, "count", count, 0);
@@ -174,6 +201,7 @@ void register_gumbel(py::module_& m) {
   m.def("murmur3", &murmur3);
   m.def("numerics", &numerics);
   m.def("tree_sums", &tree_sums);
+  m.def("bounds", &bounds);
   m.def("bound_slack", &bound_slack, py::arg("noise"), py::arg("lo"), py::arg("count"));
 }
 

@@ -9,6 +9,7 @@ import struct
 
 import pytest
 import torch
+import triton
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -228,6 +229,21 @@ def test_the_resample_bounds_hold_for_every_input(noise):
     else:  # d in [-8, -2^-10]: loose by log(-d / (1 - e^d)) + 0.06 at most
         assert _C.gumbel.bound_slack(False, 0xBA800000, 0xC1000000 - 0xBA800000)[2] < 0.5
 
+
+def test_the_resample_bounds_three_ways():
+    # Triton's bounds are the port's, bit for bit, so the port's check on every input holds for
+    # them. Hashes at both ends and random; log-ratios of every class (the oracle has no bounds: it
+    # scores every lane).
+    d = _numerics_inputs()
+    g = torch.Generator().manual_seed(9)
+    h = torch.cat([torch.arange(0, 4096), torch.arange(2**32 - 4096, 2**32), torch.randint(0, 2**32, (d.numel() - 8192,), generator=g)])
+    want_noise, want_residual = torch.empty(h.numel()), torch.empty(h.numel())
+    _C.gumbel.bounds(buf(want_noise), buf(want_residual), buf(h), buf(d))
+    noise, residual = torch.empty_like(want_noise, device=device()), torch.empty_like(want_residual, device=device())
+    tri._bounds_probe_kernel[(triton.cdiv(h.numel(), BLOCK),)](noise, residual, h.to(device()), d.to(device()), h.numel(), BLOCK=BLOCK)
+    assert_bits_equal("gumbel32_above", want_noise, noise)
+    assert_bits_equal("residual_above", want_residual, residual)
+
 # -- C29 numerics: specified float32 exp/log/log1p -------------------------------------------------
 def _numerics_inputs() -> torch.Tensor:
     """Random float32 bit patterns (NaNs, infinities, subnormals and both zeros among them), dense
@@ -308,11 +324,11 @@ def test_exp_units_are_the_fixed_point_of_exp32():
 
 
 def test_division_by_a_temperature_is_correctly_rounded():
-    # K13, K15 and K17 divide a tile by its temperature as div_by (a reciprocal and two fmas):
-    # bit for bit the IEEE quotient, on random significands over the whole exponent range (blocks of
-    # only normal-range values take the fast steps, blocks with a tiny or huge value the general
-    # division), significands near all ones, exact quotients, zeros and infinities, and temperatures
-    # inside and outside the fast steps' range.
+    # K13, K15 and K17 divide a tile by its temperature as div_by (a power of two's reciprocal, or a
+    # reciprocal and two fmas): bit for bit the IEEE quotient, on random significands over the whole
+    # exponent range (blocks of only normal-range values take the fast steps, blocks with a tiny or
+    # huge value the general division), significands near all ones, exact quotients, zeros and
+    # infinities, and temperatures inside and outside the fast steps' range.
     g = torch.Generator().manual_seed(10)
     n_blocks = 96
     n = n_blocks * BLOCK
@@ -333,6 +349,10 @@ def test_division_by_a_temperature_is_correctly_rounded():
     x[2 * BLOCK: 3 * BLOCK] = floats(1, 27, BLOCK)  # tiny: this block divides the general way
     x[3 * BLOCK + 9] = -3e37  # huge: the quotient overflows
     x[4 * BLOCK: 5 * BLOCK] = floats(1, 254, BLOCK)  # every exponent
+    t[6:9] = torch.tensor([4.0, 2.0**-4, 0.5])  # powers of two multiply by their reciprocals:
+    x[6 * BLOCK: 7 * BLOCK] = floats(1, 27, BLOCK)  # subnormal quotients,
+    x[7 * BLOCK: 8 * BLOCK] = floats(230, 255, BLOCK)  # overflowing ones,
+    x[8 * BLOCK: 9 * BLOCK] = floats(1, 254, BLOCK)  # every exponent
     want = x / t.repeat_interleave(BLOCK)
     got = torch.empty(n, dtype=F32, device=device())
     tri._div_probe_kernel[(n_blocks,)](got, x.to(device()), t.to(device()), n, BLOCK=BLOCK)

@@ -184,6 +184,32 @@ def gumbel64(u):
     return -tl.log(-tl.log(u))
 
 
+
+# -- upper bounds: the lanes K17 need not score (csrc/vmath.h states them; tests/test_gumbel.py
+# checks the port's on every input and these against the port's bits). Not C29: no output takes
+# their bits, only the fact that they bound.
+@triton.jit
+def log2_below(x):
+    # About log2(x), from below, for positive normal x (Mitchell's approximation, low by < 0.0861).
+    return tl.fma(x.to(tl.int32, bitcast=True).to(tl.float32), 1.1920928955078125e-07, -127.0)  # 2^-23
+
+
+@triton.jit
+def gumbel32_above(h):
+    # At least gumbel32 of the uniform of hash h.
+    u = (h >> 1).to(tl.int32, bitcast=True).to(tl.float32) * 4.656612873077393e-10  # 2^-31, exact
+    w = tl.maximum(1.0 - u, 5.960464477539063e-08)
+    t0 = tl.fma(log2_below(w), -0.6931471805599453, -0.059679970145225525)  # the port's float32 ln2 * 0.0861
+    return tl.fma(log2_below(tl.maximum(t0, u)), -0.6931471805599453, 0.0009765625)
+
+
+@triton.jit
+def residual_above(d):
+    # At least log1p32_negative(-exp32(d)) wherever exp32(d) < 1, -inf where d is not negative.
+    c = tl.maximum(-d, 0.0009765625)  # 2^-10; a NaN d gives -inf below either way
+    b = tl.fma(log2_below(c), 0.6931471805599453, 0.060656532645225525)  # ln2 * 0.0861 + 2^-10, float32
+    return tl.where(d < 0.0, tl.minimum(b, 0.0), float("-inf"))
+
 # -- probes: the primitives above, stored, for tests --------------------------------------------------
 @triton.jit
 def _philox_probe_kernel(out_ptr, seed_ptr, offset_ptr, n, STEP: tl.constexpr, INCLUDES_ZERO: tl.constexpr,
@@ -213,6 +239,15 @@ def _murmur3_probe_kernel(hash_ptr, u32_ptr, u64_ptr, noise32_ptr, noise64_ptr, 
     tl.store(noise32_ptr + i, gumbel32(u32), mask=mask)
     tl.store(noise64_ptr + i, gumbel64(u64), mask=mask)
 
+
+
+@triton.jit
+def _bounds_probe_kernel(noise_ptr, residual_ptr, h_ptr, d_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    h = tl.load(h_ptr + i, mask=mask, other=0).to(tl.uint32)
+    tl.store(noise_ptr + i, gumbel32_above(h), mask=mask)
+    tl.store(residual_ptr + i, residual_above(tl.load(d_ptr + i, mask=mask, other=0.0)), mask=mask)
 
 @triton.jit
 def _numerics_probe_kernel(exp_ptr, log_ptr, log1p_ptr, x_ptr, n, BLOCK: tl.constexpr):
@@ -251,12 +286,30 @@ def div_by_lanes(x, t, t_inv):
 
 
 @triton.jit
+def exact_reciprocal(t, t_inv):
+    # Whether t (with t_inv = reciprocal(t)) is a power of two, 1 among them: then x t_inv is x / t,
+    # one real number, and rounding it once gives RN(x / t) for every x (subnormal, zero, infinite).
+    return ((t.to(tl.int32, bitcast=True) & 0x7FFFFF) == 0) & (t_inv == t_inv)
+
+
+@triton.jit
+def times_exact_reciprocal(x, t_inv):
+    # RN(x / t) where exact_reciprocal holds. The select keeps compiled code from fusing the product
+    # into a later addition, which would skip its rounding (x is never NaN in a kernel's input).
+    return tl.where(x == x, x * t_inv, x)
+
+
+@triton.jit
 def div_by(x, t, t_inv):
-    # RN(x / t) for a 1-D block x: div_by_lanes, and where any lane of the block is out of range the
-    # whole block divides again the general way (a branch the block takes together).
-    y, odd = div_by_lanes(x, t, t_inv)
-    if (tl.max(odd.to(tl.int32), axis=0) > 0) | (t_inv != t_inv):
-        y = tl.math.div_rn(x, t)
+    # RN(x / t) for a block x: a multiply by a power of two's reciprocal; else div_by_lanes, and
+    # where any lane of the block is out of range the whole block divides again the general way
+    # (branches the block takes together).
+    if exact_reciprocal(t, t_inv):
+        y = times_exact_reciprocal(x, t_inv)
+    else:
+        y, odd = div_by_lanes(x, t, t_inv)
+        if (tl.max(odd.to(tl.int32)) > 0) | (t_inv != t_inv):
+            y = tl.math.div_rn(x, t)
     return y
 
 

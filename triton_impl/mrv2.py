@@ -10,17 +10,22 @@ import triton.language as tl
 from triton_impl.gumbel import (
     div_by,
     div_by_lanes,
+    exact_reciprocal,
     exp32,
     exp_units,
     fixed46,
     gumbel32,
+    gumbel32_above,
     gumbel64,
     log1p32_negative,
     log32,
+    murmur3_hash32,
     murmur3_uniform32,
     murmur3_uniform64,
     reciprocal,
+    residual_above,
     spec_step_seed,
+    times_exact_reciprocal,
     tl_rand32,
     tree_sum,
     units_to_float,
@@ -363,6 +368,8 @@ def _residual_units(target_row, draft_row, start, n, p_prev, lse_t, lse_d, temp,
         y = _slice(draft_row, start + c, n, SLICE, MASKED)
         if EXACT:
             y = tl.math.div_rn(y, temp)
+        elif exact_reciprocal(temp, temp_inv):
+            y = times_exact_reciprocal(y, temp_inv)
         else:
             y, odd = div_by_lanes(y, temp, temp_inv)
             col_odd |= odd.to(tl.int32)
@@ -557,6 +564,69 @@ def _rejection_kernel(
     tl.store(draft_rejected_logsumexp_ptr + req_idx, draft_lse)
 
 
+# K17 scores rows of this many columns where it skips (one column per thread at four warps).
+RESAMPLE_ROW = tl.constexpr(128)
+
+
+@triton.jit
+def _resample_inputs(target, draft, cols, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size,
+                     HAS_DRAFT_LOGITS: tl.constexpr):
+    # K17's columns `cols` of a row: the target's logits (a one-hot residual without its rejected
+    # draft), or for a residual with draft logits log p and log(q/p); else log(q/p) is 0.
+    mask = cols < vocab_size
+    x = tl.load(target + cols, mask=mask, other=float("-inf")).to(tl.float32) + 0.0  # -0.0 reads as +0.0 (C30)
+    d = tl.zeros(cols.shape, tl.float32)
+    if takes_draft:
+        if HAS_DRAFT_LOGITS:
+            y = tl.load(draft + cols, mask=mask, other=float("-inf")).to(tl.float32) + 0.0
+            x = x - lse_t + shift
+            d = div_by(y, temp, reciprocal(temp)) - lse_d - x
+        else:
+            x = tl.where(cols != rejected, x, float("-inf"))  # a one-hot draft: the target without it
+    return x, d
+
+
+@triton.jit
+def _resample_residual(lp, d, takes_draft, HAS_DRAFT_LOGITS: tl.constexpr):
+    # log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
+    residual = lp
+    if HAS_DRAFT_LOGITS:
+        if takes_draft:
+            ratio = exp32(d)
+            residual = tl.where(ratio < 1.0, lp + log1p32_negative(-ratio), float("-inf"))
+    return residual
+
+
+@triton.jit
+def _resample_tile(base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed, pos,
+                   BLOCK_SIZE: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, USE_FP64: tl.constexpr):
+    # The tile's best score and its first column, every lane scored.
+    cols = base + tl.arange(0, BLOCK_SIZE)
+    lp, d = _resample_inputs(target, draft, cols, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size,
+                             HAS_DRAFT_LOGITS)
+    scores = _resample_residual(lp, d, takes_draft, HAS_DRAFT_LOGITS)
+    if USE_FP64:
+        scores = scores.to(tl.float64)
+        if temp != 0.0:
+            scores = tl.where(cols < vocab_size, scores + gumbel64(murmur3_uniform64(seed, pos, cols)), float("-inf"))
+    elif temp != 0.0:
+        scores = tl.where(cols < vocab_size, scores + gumbel32(murmur3_uniform32(seed, pos, cols)), float("-inf"))
+    return tl.max(scores, axis=0, return_indices=True, return_indices_tie_break_left=True)
+
+
+@triton.jit
+def _resample_row(s, base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed, pos,
+                  HAS_DRAFT_LOGITS: tl.constexpr):
+    # Row s's best float32 score and its first column in the tile.
+    cols = base + s * RESAMPLE_ROW + tl.arange(0, RESAMPLE_ROW)
+    lp, d = _resample_inputs(target, draft, cols, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size,
+                             HAS_DRAFT_LOGITS)
+    scores = _resample_residual(lp, d, takes_draft, HAS_DRAFT_LOGITS) + gumbel32(murmur3_uniform32(seed, pos, cols))
+    value, i = tl.max(tl.where(cols < vocab_size, scores, float("-inf")), axis=0, return_indices=True,
+                      return_indices_tie_break_left=True)
+    return value, s * RESAMPLE_ROW + i
+
+
 @triton.jit
 def _resample_kernel(
     resampled_local_argmax_ptr,  # [R, NBr] out
@@ -605,38 +675,55 @@ def _resample_kernel(
     if temp == 0.0 and not is_bonus:
         return  # greedy, rejected at a draft: K16 stored the target argmax
     rejected = tl.load(draft_sampled_ptr + row + 1, mask=not is_bonus, other=0).to(tl.int64)
+    takes_draft = (not is_bonus) & (rejected >= 0)
     block_idx = tl.program_id(1)
-    cols = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)  # int32, as vLLM's (the contract bounds V below 2^31)
-    mask = cols < vocab_size
-    x = tl.load(target_logits_ptr + row * target_logits_stride + cols, mask=mask, other=float("-inf"))
-    x = x.to(tl.float32) + 0.0  # -0.0 reads as +0.0 (C30)
-    if is_bonus or rejected < 0:
-        residual = x
-    elif HAS_DRAFT_LOGITS:
-        y = tl.load(draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1 + cols, mask=mask,
-                    other=float("-inf")).to(tl.float32) + 0.0
-        lp = x - tl.load(target_rejected_logsumexp_ptr + req_idx)
-        if USE_BLOCK_VERIFICATION:
-            if step > 0:
-                lp += tl.load(cumulative_log_p_ptr + row - 1)  # the block residual scales p by the joint ratio
-        lq = div_by(y, temp, reciprocal(temp)) - tl.load(draft_rejected_logsumexp_ptr + req_idx)
-        # log max(p - q, 0) = log p + log(1 - q/p), -inf where q >= p (NaN ratios included).
-        ratio = exp32(lq - lp)
-        residual = tl.where(ratio < 1.0, lp + log1p32_negative(-ratio), float("-inf"))
+    target = target_logits_ptr + row * target_logits_stride
+    draft = draft_logits_ptr
+    lse_t = 0.0
+    lse_d = 0.0
+    shift = 0.0
+    if HAS_DRAFT_LOGITS:
+        draft = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
+        lse_t = tl.load(target_rejected_logsumexp_ptr + req_idx)
+        lse_d = tl.load(draft_rejected_logsumexp_ptr + req_idx)
+        if USE_BLOCK_VERIFICATION:  # the block residual scales p by the joint ratio (+ 0.0 changes no log p)
+            shift = tl.load(cumulative_log_p_ptr + row - 1, mask=step > 0, other=0.0)
+    seed = tl.load(seed_ptr + slot)
+    pos = tl.load(pos_ptr + row)
+    base = block_idx * BLOCK_SIZE
+    if USE_FP64 or BLOCK_SIZE <= RESAMPLE_ROW or BLOCK_SIZE > 64 * RESAMPLE_ROW:  # the skip's rows: 2 to 64
+        value, idx = _resample_tile(base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed,
+                                    pos, BLOCK_SIZE, HAS_DRAFT_LOGITS, USE_FP64)
+    elif temp == 0.0:  # a greedy bonus row: the target's argmax, no noise
+        value, idx = _resample_tile(base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed,
+                                    pos, BLOCK_SIZE, HAS_DRAFT_LOGITS, False)
     else:
-        residual = tl.where(cols != rejected, x, float("-inf"))  # a one-hot draft: the target without it
-    if USE_FP64:
-        scores = residual.to(tl.float64)
-    else:
-        scores = residual
-    if temp != 0.0:
-        seed = tl.load(seed_ptr + slot)
-        pos = tl.load(pos_ptr + row)
-        if USE_FP64:
-            noise = gumbel64(murmur3_uniform64(seed, pos, cols))
-        else:
-            noise = gumbel32(murmur3_uniform32(seed, pos, cols))
-        scores = tl.where(mask, scores + noise, float("-inf"))
-    value, idx = tl.max(scores, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    tl.store(resampled_local_argmax_ptr + req_idx * resampled_local_argmax_stride + block_idx, block_idx * BLOCK_SIZE + idx)
+        # float32 noise: every lane's score is bounded in a dozen operations (residual_above,
+        # gumbel32_above), and the exact score (an exp32, a log1p and the noise's two logs) is
+        # computed only for the rows of RESAMPLE_ROW columns whose bound reaches the best score
+        # found: the row of the highest bound first, then the rows that can still match it (on
+        # the benchmark's batch, one or two rows of eight). A row not scored holds no lane that
+        # could be the tile's first maximum.
+        rows = tl.arange(0, BLOCK_SIZE // RESAMPLE_ROW)
+        cols = base + rows[:, None] * RESAMPLE_ROW + tl.arange(0, RESAMPLE_ROW)[None, :]
+        lp, d = _resample_inputs(target, draft, cols, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, HAS_DRAFT_LOGITS)
+        if HAS_DRAFT_LOGITS:
+            if takes_draft:
+                lp = lp + residual_above(d)
+        above = tl.where(cols < vocab_size, lp + gumbel32_above(murmur3_hash32(seed, pos, cols)), float("-inf"))
+        row_above = tl.max(above, axis=1)
+        first = tl.argmax(row_above, axis=0, tie_break_left=True)
+        value, idx = _resample_row(first, base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed, pos,
+                                   HAS_DRAFT_LOGITS)
+        # The other rows whose bound reaches that score, as bits of one integer (one reduction).
+        rest = tl.sum(tl.where((rows != first) & (row_above > float("-inf")) & (row_above >= value), tl.full(rows.shape, 1, tl.int64) << rows, 0))
+        for s in range(BLOCK_SIZE // RESAMPLE_ROW):
+            if ((rest >> s) & 1) != 0:
+                v, i = _resample_row(s, base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed,
+                                     pos, HAS_DRAFT_LOGITS)
+                better = (v > value) | ((v == value) & (i < idx))
+                value = tl.where(better, v, value)
+                idx = tl.where(better, i, idx)
+        idx = tl.where(value == float("-inf"), 0, idx)  # every score -inf: the tile's first index
+    tl.store(resampled_local_argmax_ptr + req_idx * resampled_local_argmax_stride + block_idx, base + idx)
     tl.store(resampled_local_max_ptr + req_idx * resampled_local_max_stride + block_idx, value)

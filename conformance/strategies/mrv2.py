@@ -209,6 +209,8 @@ def scenes(draw: st.DrawFn, greedy: str | None = None, draft_logits: bool | None
         event("target vocabulary wider than the draft's")
     mix = greedy or draw(st.sampled_from(["random", "greedy", "mixed"]))
     temps = torch.rand(lay.max_reqs, generator=g) * 1.5 + 0.25
+    # Powers of two (1 the commonest temperature): the kernels multiply by their reciprocals.
+    temps = torch.where(torch.rand(lay.max_reqs, generator=g) < 0.3, 2.0 ** torch.randint(-1, 2, (lay.max_reqs,), generator=g), temps)
     if mix == "greedy":
         temps[:] = 0.0
     elif mix == "mixed":
