@@ -1057,11 +1057,11 @@ inline float resample_score32(const ResampleTile& r, std::int64_t q) {
 }
 
 // The first index of the tile's largest float32 score and that score (all -inf: index 0), kLanes
-// lanes at a time. With noise, vectors are scored only in groups where a lane's bound (vmath's
+// lanes at a time. With noise, a vector is scored only where a lane's bound (vmath's
 // residual_above and gumbel32_above, a dozen operations) exceeds the best score so far: no other
-// lane can be the tile's first maximum, and few come near it (on the benchmark's batch, a few
-// groups a tile). The bounds are tested kGroup vectors at a time: the test that any lane passes
-// costs as much as the bounds of a vector.
+// lane can be the tile's first maximum. The bounds are tested for kGroup lanes together, because
+// the test that any lane of a mask passes costs as much as the bounds of a vector; the vectors of
+// a group that passes are then tested one by one.
 SPECDIFF_CLONES std::pair<float, std::int64_t> resample_tile32(const ResampleTile& r, std::int64_t n) {
   using namespace vmath;
   constexpr std::int64_t kGroup = 8 * kLanes;

@@ -701,9 +701,8 @@ def _resample_kernel(
         # float32 noise: every lane's score is bounded in a dozen operations (residual_above,
         # gumbel32_above), and the exact score (an exp32, a log1p and the noise's two logs) is
         # computed only for the rows of RESAMPLE_ROW columns whose bound reaches the best score
-        # found: the row of the highest bound first, then the rows that can still match it (on
-        # the benchmark's batch, one or two rows of eight). A row not scored holds no lane that
-        # could be the tile's first maximum.
+        # found: the row of the highest bound first, then the rows that can still match it. A row
+        # not scored holds no lane that could be the tile's first maximum.
         rows = tl.arange(0, BLOCK_SIZE // RESAMPLE_ROW)
         cols = base + rows[:, None] * RESAMPLE_ROW + tl.arange(0, RESAMPLE_ROW)[None, :]
         lp, d = _resample_inputs(target, draft, cols, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, HAS_DRAFT_LOGITS)
@@ -715,8 +714,10 @@ def _resample_kernel(
         first = tl.argmax(row_above, axis=0, tie_break_left=True)
         value, idx = _resample_row(first, base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed, pos,
                                    HAS_DRAFT_LOGITS)
-        # The other rows whose bound reaches that score, as bits of one integer (one reduction).
-        rest = tl.sum(tl.where((rows != first) & (row_above > float("-inf")) & (row_above >= value), tl.full(rows.shape, 1, tl.int64) << rows, 0))
+        # The other rows whose bound reaches that score, as the bits of one int64: one reduction
+        # (a reduction per row in the loop cost what the skip saved on an H200).
+        rest = tl.sum(tl.where((rows != first) & (row_above > float("-inf")) & (row_above >= value),
+                               tl.full(rows.shape, 1, tl.int64) << rows, 0))
         for s in range(BLOCK_SIZE // RESAMPLE_ROW):
             if ((rest >> s) & 1) != 0:
                 v, i = _resample_row(s, base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed,
