@@ -617,13 +617,9 @@ def _resample_tile(base, target, draft, lse_t, lse_d, shift, temp, rejected, tak
 @triton.jit
 def _resample_row(s, base, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size, seed, pos,
                   HAS_DRAFT_LOGITS: tl.constexpr):
-    # Row s's best float32 score and its first column in the tile.
-    cols = base + s * RESAMPLE_ROW + tl.arange(0, RESAMPLE_ROW)
-    lp, d = _resample_inputs(target, draft, cols, lse_t, lse_d, shift, temp, rejected, takes_draft, vocab_size,
-                             HAS_DRAFT_LOGITS)
-    scores = _resample_residual(lp, d, takes_draft, HAS_DRAFT_LOGITS) + gumbel32(murmur3_uniform32(seed, pos, cols))
-    value, i = tl.max(tl.where(cols < vocab_size, scores, float("-inf")), axis=0, return_indices=True,
-                      return_indices_tie_break_left=True)
+    # Row s's best float32 score and its first column in the tile: the row scored as a tile of its own.
+    value, i = _resample_tile(base + s * RESAMPLE_ROW, target, draft, lse_t, lse_d, shift, temp, rejected, takes_draft,
+                              vocab_size, seed, pos, RESAMPLE_ROW, HAS_DRAFT_LOGITS, False)
     return value, s * RESAMPLE_ROW + i
 
 
