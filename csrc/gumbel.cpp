@@ -65,6 +65,26 @@ SPECDIFF_CLONES void exp32_lanes(const float* x, float* out, std::int64_t n) {
   for (std::int64_t j = nv; j < n; ++j) out[j] = gumbel::exp32(x[j]);
 }
 
+// vmath's exp32_nonpositive (K15's lanes), the tail by the scalar spec, over x <= 0 or -inf only.
+SPECDIFF_CLONES void exp32_nonpositive_lanes(const float* x, float* out, std::int64_t n) {
+  using namespace vmath;
+  const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
+  for (std::int64_t j = 0; j < nv; j += kLanes) {
+    const Fv v = exp32_nonpositive(loadu(x + j));
+    std::memcpy(out + j, &v, sizeof v);
+  }
+  for (std::int64_t j = nv; j < n; ++j) out[j] = gumbel::exp32(x[j]);
+}
+
+void exp_nonpositive(Buffer out, Buffer x) {
+  const std::int64_t n = x.numel;
+  need_dtype("x", x, kFloat32, n);
+  need_dtype("out", out, kFloat32, n);
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!(x.as<float>()[i] <= 0.0f)) fail(kProbe, "x", "must hold values <= 0 or -inf only (no NaN)");
+  exp32_nonpositive_lanes(x.as<float>(), out.as<float>(), n);
+}
+
 // The scalar C29 functions; with `lanes`, exp through the vector form the kernels use.
 void numerics(Buffer exp_out, Buffer log_out, Buffer log1p_out, Buffer x, bool lanes) {
   const std::int64_t n = x.numel;
@@ -200,6 +220,7 @@ void register_gumbel(py::module_& m) {
   m.def("philox", &philox);
   m.def("murmur3", &murmur3);
   m.def("numerics", &numerics);
+  m.def("exp_nonpositive", &exp_nonpositive);
   m.def("tree_sums", &tree_sums);
   m.def("bounds", &bounds);
   m.def("bound_slack", &bound_slack, py::arg("noise"), py::arg("lo"), py::arg("count"));

@@ -622,7 +622,7 @@ SPECDIFF_CLONES std::int64_t residual_mass(const float* x, const float* y, std::
   using namespace vmath;
   const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
   const auto terms = [&](std::int64_t j) __attribute__((always_inline)) {  // inlined: vector ABI
-    const Fv m_b = exp32(loadu(x + j) - lse_t), m_s = exp32(loadu(y + j) - lse_d);
+    const Fv m_b = exp32_nonpositive(loadu(x + j) - lse_t), m_s = exp32_nonpositive(loadu(y + j) - lse_d);
     const Fv term = fmav(Fv{} + p_prev, m_b, -m_s);
     return fixed46(term < 0.0f ? Fv{} : term);  // std::max(term, 0)
   };

@@ -59,18 +59,27 @@ typedef std::uint32_t Uv __attribute__((vector_size(4 * kLanes)));
   return fmav(p, r, Fv{} + 1.0f);
 }
 
-// gumbel::exp32, lane by lane (compares only as conditions of selects). The scalar form adds k to
-// the exponent field where the result is normal and multiplies by two powers of two elsewhere; the
-// two multiplies alone give the same bits everywhere (p 2^(k >> 1) is exact, and the second
-// multiply is exact where the result is normal and rounds once where it is not), in fewer steps.
-[[gnu::always_inline]] inline Fv exp32(Fv x) {
-  const Fv xc = x != x ? Fv{} : (x < -104.0f ? Fv{} - 104.0f : (x > 89.0f ? Fv{} + 89.0f : x));
+// p 2^k of exp_reduced, for x in exp32's clamped range [-104, 89]. The scalar form adds k to the
+// exponent field where the result is normal and multiplies by two powers of two elsewhere; the two
+// multiplies alone give the same bits everywhere (p 2^(k >> 1) is exact, and the second multiply
+// is exact where the result is normal and rounds once where it is not), in fewer steps.
+[[gnu::always_inline]] inline Fv exp_clamped(Fv xc) {
   Iv k;
   const Fv p = exp_reduced(xc, k);
   const Iv k1 = k >> 1;
-  const Fv scaled = (p * fbits((k1 + 127) << 23)) * fbits((k - k1 + 127) << 23);
-  return x != x ? x : scaled;
+  return (p * fbits((k1 + 127) << 23)) * fbits((k - k1 + 127) << 23);
 }
+
+// gumbel::exp32, lane by lane (compares only as conditions of selects).
+[[gnu::always_inline]] inline Fv exp32(Fv x) {
+  const Fv xc = x != x ? Fv{} : (x < -104.0f ? Fv{} - 104.0f : (x > 89.0f ? Fv{} + 89.0f : x));
+  const Fv e = exp_clamped(xc);
+  return x != x ? x : e;
+}
+
+// gumbel::exp32 of lanes <= 0 or -inf (never NaN): the same bits without the NaN selects and the
+// upper clamp, for callers whose arguments are known to be so (K15's probabilities).
+[[gnu::always_inline]] inline Fv exp32_nonpositive(Fv x) { return exp_clamped(x < -104.0f ? Fv{} - 104.0f : x); }
 
 // fixed46(exp32(x)) for x <= 0 or -inf, the unit of every exp-sum: below -33 the term is under
 // 2^-46, so x is clamped there, k stays in [-48, 0], and the units are p's significand shifted by

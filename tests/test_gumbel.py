@@ -310,6 +310,22 @@ def test_exp32_rounds_once_into_the_subnormals():
     assert float(err.max()) < 1.0
 
 
+def test_exp32_nonpositive_is_exp32_where_it_applies():
+    # K15 takes its two exps through exp32_nonpositive (no NaN select, no upper clamp): the same bits
+    # as exp32 for every argument <= 0 or -inf, in Triton and in the port's vector lanes.
+    x = _numerics_inputs()
+    x = torch.cat([x[x <= 0], torch.tensor([float("-inf"), -0.0, -104.0, -104.5, -1e-45])])
+    want = numerics.exp32(x)
+    lanes = torch.empty_like(x)
+    _C.gumbel.exp_nonpositive(buf(lanes), buf(x))
+    got = torch.empty_like(x, device=device())
+    tri._exp_nonpositive_probe_kernel[(-(-x.numel() // BLOCK),)](got, x.to(device()), x.numel(), BLOCK=BLOCK)
+    assert_bits_equal("exp32_nonpositive cpu lanes", want, lanes)
+    assert_bits_equal("exp32_nonpositive triton", want, got.cpu())
+    with pytest.raises(ValueError, match="'x'"):
+        _C.gumbel.exp_nonpositive(buf(torch.empty(1)), buf(torch.tensor([0.5])))
+
+
 def test_exp_units_are_the_fixed_point_of_exp32():
     # K13's tile sums add exp_units(x - max): floor(exp32(x - max) * 2^46) taken straight from exp32's
     # polynomial and exponent. The C++ port's vector form is held to the same bits by K13's conformance.

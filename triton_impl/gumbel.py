@@ -91,18 +91,29 @@ def _exp_reduced(x):
 
 
 @triton.jit
+def _exp_clamped(xc):
+    # p 2^k of _exp_reduced for xc in exp32's clamped range, 2^k as two multiplies by powers of two:
+    # p 2^(k >> 1) is exact, and the second multiply is exact where the result is normal (the
+    # specification's exponent-field add gives the same bits there) and rounds once where it is not.
+    p, k = _exp_reduced(xc)
+    k1 = k >> 1
+    return (p * ((k1 + 127) << 23).to(tl.float32, bitcast=True)) * ((k - k1 + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def exp32(x):
     # C29's exp (reference/gumbel.py states the algorithm): every step rounds once, and every product
     # that is added is an explicit fma, so the compiler's contraction cannot change a bit.
     x = x.to(tl.float32)
     xc = tl.where(x != x, 0.0, tl.where(x < -104.0, -104.0, tl.where(x > 89.0, 89.0, x)))
-    # 2^k as two multiplies by powers of two: p 2^(k >> 1) is exact, and the second multiply is exact
-    # where the result is normal (the specification's exponent-field add gives the same bits there)
-    # and rounds once where it is not.
-    p, k = _exp_reduced(xc)
-    k1 = k >> 1
-    scaled = (p * ((k1 + 127) << 23).to(tl.float32, bitcast=True)) * ((k - k1 + 127) << 23).to(tl.float32, bitcast=True)
-    return tl.where(x != x, x, scaled)
+    return tl.where(x != x, x, _exp_clamped(xc))
+
+
+@triton.jit
+def exp32_nonpositive(x):
+    # exp32 of x <= 0 or -inf (never NaN), for callers that know their arguments are (K15's
+    # probabilities): the same bits without the NaN selects and the upper clamp.
+    return _exp_clamped(tl.maximum(x.to(tl.float32), -104.0))
 
 
 @triton.jit
@@ -371,6 +382,13 @@ def exp_units(x):
     # float exp32 would assemble.
     p, k = _exp_reduced(tl.maximum(x, -33.0))
     return (p * ((k + (46 + 127)) << 23).to(tl.float32, bitcast=True)).to(tl.int64)
+
+
+@triton.jit
+def _exp_nonpositive_probe_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    tl.store(out_ptr + i, exp32_nonpositive(tl.load(x_ptr + i, mask=mask, other=0.0)), mask=mask)
 
 
 @triton.jit

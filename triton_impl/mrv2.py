@@ -12,6 +12,7 @@ from triton_impl.gumbel import (
     div_by_lanes,
     exact_reciprocal,
     exp32,
+    exp32_nonpositive,
     exp_units,
     fixed46,
     gumbel32,
@@ -320,14 +321,17 @@ def _compute_local_residual_mass_kernel(
     PADDED_VOCAB_NUM_BLOCKS: tl.constexpr,
 ):
     # Launched as kernel[(NL, NB)]. Block verification looks one step ahead: the first and the
-    # bonus row of a request need no residual mass, nor a row whose draft is a placeholder.
+    # bonus row of a request need no residual mass, nor a row whose draft is a placeholder. The
+    # loads that need only the row go out together (the next row's masked past the last row), so
+    # a program waits on three loads in a row (these, its temperature, its statistics), not six.
     logit_idx = tl.program_id(0).to(tl.int64)
     step = tl.load(expanded_local_pos_ptr + logit_idx).to(tl.int64)
-    if step == 0 or _is_bonus_logit(expanded_local_pos_ptr, logit_idx, num_logits):
-        return
-    if tl.load(draft_sampled_ptr + logit_idx + 1) < 0:
-        return
+    has_next = logit_idx + 1 < num_logits
+    next_step = tl.load(expanded_local_pos_ptr + logit_idx + 1, mask=has_next, other=0)
+    next_draft = tl.load(draft_sampled_ptr + logit_idx + 1, mask=has_next, other=-1)
     slot = tl.load(expanded_idx_mapping_ptr + logit_idx).to(tl.int64)
+    if (step == 0) | (next_step == 0) | (next_draft < 0):
+        return
     temp = tl.load(temp_ptr + slot).to(tl.float32)
     if temp == 0.0:
         return
@@ -341,40 +345,58 @@ def _compute_local_residual_mass_kernel(
     draft_row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
     start = block_idx * BLOCK_SIZE
     temp_inv = reciprocal(temp)
-    if start + BLOCK_SIZE <= vocab_size:  # a whole tile reads without masks
-        units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
-                                     BLOCK_SIZE, False, False)
+    whole = start + BLOCK_SIZE <= vocab_size  # a whole tile reads without masks
+    # The division is chosen once per program, not in every slice: each loop holds one way.
+    if exact_reciprocal(temp, temp_inv):
+        if whole:
+            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                         BLOCK_SIZE, False, RECIPROCAL)
+        else:
+            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                         BLOCK_SIZE, True, RECIPROCAL)
     else:
-        units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
-                                     BLOCK_SIZE, True, False)
-    if (odd > 0) | (temp_inv != temp_inv):  # div_by_lanes left some quotient to the general division
-        units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
-                                     BLOCK_SIZE, True, True)
+        if whole:
+            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                         BLOCK_SIZE, False, LANES)
+        else:
+            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                         BLOCK_SIZE, True, LANES)
+        if (odd > 0) | (temp_inv != temp_inv):  # div_by_lanes left some quotient to the general division
+            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                         BLOCK_SIZE, True, DIV_RN)
     tl.store(local_residual_mass_ptr + logit_idx * local_residual_mass_stride + block_idx, units_to_float(units))
+
+
+# How _residual_units divides the draft's logits by the temperature.
+RECIPROCAL = tl.constexpr(0)  # a power of two: times its exact reciprocal
+LANES = tl.constexpr(1)  # div_by_lanes, reporting the lanes it cannot divide
+DIV_RN = tl.constexpr(2)  # div_rn on every lane
 
 
 @triton.jit
 def _residual_units(target_row, draft_row, start, n, p_prev, lse_t, lse_d, temp, temp_inv, BLOCK_SIZE: tl.constexpr,
-                    MASKED: tl.constexpr, EXACT: tl.constexpr):
+                    MASKED: tl.constexpr, DIVIDE: tl.constexpr):
     # A tile's residual mass in C29 units, and how many draft quotients div_by_lanes could not give
-    # (then the caller runs it again EXACT, dividing with div_rn). In slices of at most
-    # RESIDUAL_SLICE columns: the sum is exact, so slicing changes no bit, and a slice's two exps,
-    # fma and int64 units stay in registers (a whole 8192-column tile spilled them); a loop, not
-    # unrolled (unrolled, it was 2.8x slower on an H200).
+    # (then the caller runs it again with DIV_RN). In slices of at most RESIDUAL_SLICE columns: the
+    # sum is exact, so slicing changes no bit, and a slice's two exps, fma and int64 units stay in
+    # registers (a whole 8192-column tile spilled them); a loop, not unrolled (unrolled, it was 2.8x
+    # slower on an H200). Both exps take arguments <= 0 (the statistics' precondition: a row's
+    # log-sum-exp is at least its largest logit), so neither needs exp32's NaN select and upper
+    # clamp (exp32_nonpositive).
     SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < RESIDUAL_SLICE else RESIDUAL_SLICE
     col_units = tl.zeros((SLICE,), tl.int64)
     col_odd = tl.zeros((SLICE,), tl.int32)
     for c in range(0, BLOCK_SIZE, SLICE):
         y = _slice(draft_row, start + c, n, SLICE, MASKED)
-        if EXACT:
+        if DIVIDE == DIV_RN:
             y = tl.math.div_rn(y, temp)
-        elif exact_reciprocal(temp, temp_inv):
+        elif DIVIDE == RECIPROCAL:
             y = times_exact_reciprocal(y, temp_inv)
         else:
             y, odd = div_by_lanes(y, temp, temp_inv)
             col_odd |= odd.to(tl.int32)
-        m_b = exp32(_slice(target_row, start + c, n, SLICE, MASKED) - lse_t)
-        m_s = exp32(y - lse_d)
+        m_b = exp32_nonpositive(_slice(target_row, start + c, n, SLICE, MASKED) - lse_t)
+        m_s = exp32_nonpositive(y - lse_d)
         terms = tl.maximum(tl.fma(p_prev, m_b, -m_s), 0.0)  # one rounding (C29)
         col_units += fixed46(terms)
     return tl.sum(col_units, axis=0), tl.max(col_odd, axis=0)
