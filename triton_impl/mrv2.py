@@ -10,11 +10,13 @@ import triton.language as tl
 from triton_impl.gumbel import (
     div_by,
     div_by_lanes,
+    div_in_range,
     exact_reciprocal,
     exp32,
     exp32_nonpositive,
     exp_units,
     fixed46,
+    out_of_range,
     gumbel32,
     gumbel32_above,
     gumbel64,
@@ -158,18 +160,39 @@ def _slice(row, start, n, SLICE: tl.constexpr, MASKED: tl.constexpr = True):
 @triton.jit
 def _tile_max_and_sumexp(row, start, n, temp, DIVIDE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     # The maximum of the tile at `start` and the C29 sum of exp32(x - max), divided by temp (rounded
-    # once) when DIVIDE. One read: the tile stays in registers between the maximum and the sum (168
-    # registers at 8192 columns). Two passes over 2048-column slices waited on L2 for the second
-    # read: 0.134 ms at 64 requests on an H200 against 0.122 ms (0.160 ms unrolled). The maximum is
-    # of the undivided logits, divided once after: x -> RN(x / t) is monotone for t > 0.
+    # once) when DIVIDE. One read: the tile stays in registers between the maximum and the sum. Two
+    # passes over 2048-column slices waited on L2 for the second read: 0.134 ms at 64 requests on an
+    # H200 against 0.122 ms (0.160 ms unrolled). The maximum is of the undivided logits, divided
+    # once after: x -> RN(x / t) is monotone for t > 0. Each way of dividing ends in its own sum, so
+    # no tile of quotients outlives its branch: with the ways joined in one tile (div_by), K13 held
+    # 167 registers a thread at 8192 columns and 4 warps.
     x = _slice(row, start, n, BLOCK_SIZE)
     m = tl.max(x, axis=0) + 0.0  # -0.0 reads as +0.0 (C30)
     if DIVIDE:
         m = tl.math.div_rn(m, temp) + 0.0  # a quotient's -0.0 reads as +0.0 too
-        x = div_by(x, temp, reciprocal(temp))
-    live = m > float("-inf")
-    units = tl.sum(exp_units(x - tl.where(live, m, 0.0)), axis=0)
-    return m, tl.where(live, units_to_float(units), 0.0)
+        shift = tl.where(m > float("-inf"), m, 0.0)
+        t_inv = reciprocal(temp)
+        if exact_reciprocal(temp, t_inv):
+            units = tl.sum(exp_units(times_exact_reciprocal(x, t_inv) - shift), axis=0)
+        elif (tl.max(out_of_range(x).to(tl.int32), axis=0) > 0) | (t_inv != t_inv):
+            units = _sumexp_div_rn(row, start, n, temp, shift, BLOCK_SIZE)
+        else:
+            units = tl.sum(exp_units(div_in_range(x, temp, t_inv) - shift), axis=0)
+    else:
+        units = tl.sum(exp_units(x - tl.where(m > float("-inf"), m, 0.0)), axis=0)
+    return m, tl.where(m > float("-inf"), units_to_float(units), 0.0)
+
+
+@triton.jit
+def _sumexp_div_rn(row, start, n, temp, shift, BLOCK_SIZE: tl.constexpr):
+    # The C29 units of a tile that div_by_lanes cannot divide (a logit outside its range, or the
+    # temperature): read again in slices (from L2), each divided with div_rn, so that this rare
+    # way costs the common ones no registers.
+    SLICE: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < RESIDUAL_SLICE else RESIDUAL_SLICE
+    units = tl.zeros((SLICE,), tl.int64)
+    for c in range(0, BLOCK_SIZE, SLICE):
+        units += exp_units(tl.math.div_rn(_slice(row, start + c, n, SLICE), temp) - shift)
+    return tl.sum(units, axis=0)
 
 
 @triton.jit
