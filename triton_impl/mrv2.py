@@ -92,6 +92,9 @@ def _is_bonus_logit(expanded_local_pos_ptr, logit_idx, num_logits):
     return nxt == 0
 
 
+# 8 warps at the call site's 8192 columns (64 registers a thread, four programs an SM): 0.103 against
+# 0.106 ms at 64 requests on an H200, 0.377 against 0.397 at 256 (docs/benchmarks.md, session 21).
+@triton.heuristics({"num_warps": lambda a: 8 if a["BLOCK_SIZE"] >= 8192 else 4})  # a launch option, not a parameter
 @triton.jit
 def _compute_local_logits_stats_kernel(
     target_local_argmax_ptr,  # [NL, NB] out: greedy rows
