@@ -54,23 +54,13 @@ void murmur3(Buffer hash, Buffer u32, Buffer u64, Buffer noise32, Buffer noise64
   }
 }
 
-// vmath's exp32 (the kernels' lanes, in the clone this machine picks), the tail by the scalar spec.
-SPECDIFF_CLONES void exp32_lanes(const float* x, float* out, std::int64_t n) {
+// vmath's exp32 (the kernels' lanes, in the clone this machine picks), or its exp32_nonpositive (K15's
+// lanes, for x <= 0 or -inf only); the tail by the scalar spec.
+SPECDIFF_CLONES void exp32_lanes(const float* x, float* out, std::int64_t n, bool nonpositive) {
   using namespace vmath;
   const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
   for (std::int64_t j = 0; j < nv; j += kLanes) {
-    const Fv v = exp32(loadu(x + j));
-    std::memcpy(out + j, &v, sizeof v);
-  }
-  for (std::int64_t j = nv; j < n; ++j) out[j] = gumbel::exp32(x[j]);
-}
-
-// vmath's exp32_nonpositive (K15's lanes), the tail by the scalar spec, over x <= 0 or -inf only.
-SPECDIFF_CLONES void exp32_nonpositive_lanes(const float* x, float* out, std::int64_t n) {
-  using namespace vmath;
-  const std::int64_t nv = n & ~std::int64_t{kLanes - 1};
-  for (std::int64_t j = 0; j < nv; j += kLanes) {
-    const Fv v = exp32_nonpositive(loadu(x + j));
+    const Fv v = nonpositive ? exp32_nonpositive(loadu(x + j)) : exp32(loadu(x + j));
     std::memcpy(out + j, &v, sizeof v);
   }
   for (std::int64_t j = nv; j < n; ++j) out[j] = gumbel::exp32(x[j]);
@@ -82,7 +72,7 @@ void exp_nonpositive(Buffer out, Buffer x) {
   need_dtype("out", out, kFloat32, n);
   for (std::int64_t i = 0; i < n; ++i)
     if (!(x.as<float>()[i] <= 0.0f)) fail(kProbe, "x", "must hold values <= 0 or -inf only (no NaN)");
-  exp32_nonpositive_lanes(x.as<float>(), out.as<float>(), n);
+  exp32_lanes(x.as<float>(), out.as<float>(), n, true);
 }
 
 // The scalar C29 functions; with `lanes`, exp through the vector form the kernels use.
@@ -98,7 +88,7 @@ void numerics(Buffer exp_out, Buffer log_out, Buffer log1p_out, Buffer x, bool l
     log_out.as<float>()[i] = gumbel::log32(std::fabs(v));
     log1p_out.as<float>()[i] = gumbel::log1p32(std::max(v, -1.0f));
   }
-  if (lanes) exp32_lanes(x.as<float>(), exp_out.as<float>(), n);
+  if (lanes) exp32_lanes(x.as<float>(), exp_out.as<float>(), n, false);
 }
 
 // C29's tree_sum of each row's first n terms (rows of `stride` float64 values), as the kernels sum tiles.

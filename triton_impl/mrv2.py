@@ -16,7 +16,6 @@ from triton_impl.gumbel import (
     exp32_nonpositive,
     exp_units,
     fixed46,
-    out_of_range,
     gumbel32,
     gumbel32_above,
     gumbel64,
@@ -25,6 +24,7 @@ from triton_impl.gumbel import (
     murmur3_hash32,
     murmur3_uniform32,
     murmur3_uniform64,
+    out_of_range,
     reciprocal,
     residual_above,
     spec_step_seed,
@@ -371,22 +371,13 @@ def _compute_local_residual_mass_kernel(
     draft_row = draft_logits_ptr + slot * draft_logits_stride_0 + step * draft_logits_stride_1
     start = block_idx * BLOCK_SIZE
     temp_inv = reciprocal(temp)
-    whole = start + BLOCK_SIZE <= vocab_size  # a whole tile reads without masks
     # The division is chosen once per program, not in every slice: each loop holds one way.
     if exact_reciprocal(temp, temp_inv):
-        if whole:
-            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
-                                         BLOCK_SIZE, False, RECIPROCAL)
-        else:
-            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
-                                         BLOCK_SIZE, True, RECIPROCAL)
+        units, odd = _residual_tile(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                    BLOCK_SIZE, RECIPROCAL)
     else:
-        if whole:
-            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
-                                         BLOCK_SIZE, False, LANES)
-        else:
-            units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
-                                         BLOCK_SIZE, True, LANES)
+        units, odd = _residual_tile(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
+                                    BLOCK_SIZE, LANES)
         if (odd > 0) | (temp_inv != temp_inv):  # div_by_lanes left some quotient to the general division
             units, odd = _residual_units(target_row, draft_row, start, vocab_size, p_prev, lse_t, lse_d, temp, temp_inv,
                                          BLOCK_SIZE, True, DIV_RN)
@@ -397,6 +388,19 @@ def _compute_local_residual_mass_kernel(
 RECIPROCAL = tl.constexpr(0)  # a power of two: times its exact reciprocal
 LANES = tl.constexpr(1)  # div_by_lanes, reporting the lanes it cannot divide
 DIV_RN = tl.constexpr(2)  # div_rn on every lane
+
+
+@triton.jit
+def _residual_tile(target_row, draft_row, start, n, p_prev, lse_t, lse_d, temp, temp_inv, BLOCK_SIZE: tl.constexpr,
+                   DIVIDE: tl.constexpr):
+    # _residual_units of a tile, whose reads need masks only when it is the row's last and partial.
+    if start + BLOCK_SIZE <= n:
+        units, odd = _residual_units(target_row, draft_row, start, n, p_prev, lse_t, lse_d, temp, temp_inv, BLOCK_SIZE,
+                                     False, DIVIDE)
+    else:
+        units, odd = _residual_units(target_row, draft_row, start, n, p_prev, lse_t, lse_d, temp, temp_inv, BLOCK_SIZE,
+                                     True, DIVIDE)
+    return units, odd
 
 
 @triton.jit
