@@ -682,7 +682,7 @@ def _resample_row(s, base, target, draft, lse_t, lse_d, shift, temp, rejected, t
 
 
 # Launch options, not parameters. At the call site's 1024 columns with float32 noise: 2 warps held to
-# 80 registers a thread (Triton 3.6 gave 4 warps 80, six programs an SM; these are twelve, spilling 34
+# 80 registers a thread (Triton 3.6 gave 4 warps 80, six programs an SM; these are twelve, spilling 136
 # bytes a thread): 0.048-0.049 against 0.057 ms at 64 requests on an H200, 0.165 against 0.203 at 256,
 # where vLLM's kernel takes 0.049 and 0.177 (docs/benchmarks.md, session 22).
 @triton.heuristics({
