@@ -681,13 +681,18 @@ def _resample_row(s, base, target, draft, lse_t, lse_d, shift, temp, rejected, t
     return value, s * RESAMPLE_ROW + i
 
 
-# Launch options, not parameters. At the call site's 1024 columns with float32 noise: 2 warps held to
-# 80 registers a thread (Triton 3.6 gave 4 warps 80, six programs an SM; these are twelve, spilling 136
-# bytes a thread): 0.048-0.049 against 0.057 ms at 64 requests on an H200, 0.165 against 0.203 at 256,
-# where vLLM's kernel takes 0.049 and 0.177 (docs/benchmarks.md, session 22).
+def _resample_at_call_site(a: dict) -> bool:
+    # K17 launched as vLLM launches it: 1024 columns, float32 noise.
+    return a["BLOCK_SIZE"] == 1024 and not a["USE_FP64"]
+
+
+# Launch options, not parameters. At the call site: 2 warps held to 80 registers a thread (Triton 3.6
+# gave 4 warps 80, six programs an SM; these are twelve, spilling 136 bytes a thread): 0.048-0.049
+# against 0.057 ms at 64 requests on an H200, 0.165 against 0.203 at 256, where vLLM's kernel takes
+# 0.049 and 0.177 (docs/benchmarks.md, session 22).
 @triton.heuristics({
-    "num_warps": lambda a: 2 if a["BLOCK_SIZE"] == 1024 and not a["USE_FP64"] else 4,
-    "maxnreg": lambda a: 80 if a["BLOCK_SIZE"] == 1024 and not a["USE_FP64"] else None,
+    "num_warps": lambda a: 2 if _resample_at_call_site(a) else 4,
+    "maxnreg": lambda a: 80 if _resample_at_call_site(a) else None,
 })
 @triton.jit
 def _resample_kernel(
