@@ -255,12 +255,13 @@ SPECDIFF_CLONES TileStats max_and_sumexp(const float* x, std::int64_t n, Upcomin
   for (int l = 0; l < kLanes && nv > 0; ++l) m = std::max(m, top[l]);
   for (std::int64_t j = nv; j < n; ++j) m = std::max(m, x[j]);
   if (!(m > kNegInf)) return {m, 0.0f};
-  LaneSum sum;
+  Lv sum{};
   for (std::int64_t j = 0; j < nv; j += kLanes) {
     next.fetch(j / kLanes);
-    sum.add(exp_units(loadu(x + j) - m));
+    sum += exp_units(loadu(x + j) - m);
   }
-  std::int64_t fixed = sum.total();
+  std::int64_t fixed = 0;
+  for (int l = 0; l < kLanes; ++l) fixed += sum[l];
   for (std::int64_t j = nv; j < n; ++j) fixed += fixed_term(gumbel::exp32(x[j] - m));
   return {m, from_units(fixed)};
 }
@@ -625,17 +626,20 @@ SPECDIFF_CLONES std::int64_t residual_mass(const float* x, const float* y, std::
     const Fv term = fmav(Fv{} + p_prev, m_b, -m_s);
     return fixed46(term < 0.0f ? Fv{} : term);  // std::max(term, 0)
   };
-  LaneSum sum;
+  Lv sum{};
   Fv top = Fv{} + kNegInf, top_d = Fv{} + kNegInf;
   for (std::int64_t j = 0; j < nv; j += kLanes) {
     top = top < loadu(x + j) ? loadu(x + j) : top;
     top_d = top_d < loadu(y + j) ? loadu(y + j) : top_d;
     next_x.fetch(j / kLanes);
     next_y.fetch(j / kLanes);
-    sum.add(terms(j));
+    sum += terms(j);
   }
-  std::int64_t fixed = sum.total();
-  for (int l = 0; l < kLanes; ++l) above |= top[l] > lse_t || top_d[l] > lse_d;
+  std::int64_t fixed = 0;
+  for (int l = 0; l < kLanes; ++l) {
+    fixed += sum[l];
+    above |= top[l] > lse_t || top_d[l] > lse_d;
+  }
   for (std::int64_t j = nv; j < n; ++j) {
     above |= x[j] > lse_t || y[j] > lse_d;
     fixed += residual_term(x[j], y[j], lse_t, lse_d, p_prev);

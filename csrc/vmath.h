@@ -149,26 +149,6 @@ typedef std::uint32_t Uv __attribute__((vector_size(4 * kLanes)));
   return (m << __builtin_convertvector(up, Lv)) >> __builtin_convertvector(down > 63 ? Iv{} + 63 : down, Lv);
 }
 
-// A running sum of int64 lanes (C29 units) as two halves. A loop-carried Lv is two AVX-512 registers,
-// and GCC kept it on the stack, storing and reloading it every iteration (a store-to-load round trip
-// on the loop's chain, in K13's and K15's sums); halves of one register each stay in registers.
-// Integer sums are exact, so the grouping changes no bit.
-typedef std::int64_t Lh __attribute__((vector_size(4 * kLanes)));
-static_assert(kLanes == 16, "LaneSum splits sixteen lanes");
-struct LaneSum {
-  Lh lo{}, hi{};
-  [[gnu::always_inline]] void add(Lv v) {
-    lo += __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-    hi += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  }
-  [[gnu::always_inline]] std::int64_t total() const {
-    const Lh both = lo + hi;
-    std::int64_t t = 0;
-    for (int l = 0; l < kLanes / 2; ++l) t += both[l];
-    return t;
-  }
-};
-
 // -- Upper bounds: the lanes K17 need not score ----------------------------------------------------
 // K17 keeps a tile's first largest score. A lane whose score cannot exceed the best one scored
 // earlier in the tile changes neither the maximum nor its first index, so its exact score (an
