@@ -85,9 +85,9 @@ class Param:
     contiguous: bool = True
     ndim: tuple[int, ...] = (1,)
     default: Any = REQUIRED
-    # The one other parameter this one may share memory with (vLLM's call site passes the same
-    # tensor for both). Every other overlap that involves a written parameter is refused (C31).
-    may_alias: str = ""  # and then only as the same tensor object
+    # The one other parameter this one may share memory with (vLLM's call site passes two views of
+    # one buffer). Every other overlap that involves a written parameter is refused (C31).
+    may_alias: str = ""  # and then only as the same elements: same first element, dtype, shape, strides
     # An output whose float64 values carry C29's float64 noise (each platform's float64 log):
     # backends agree within this relative tolerance (absolute below 1) there, exactly elsewhere.
     float64_rtol: float = 0.0
@@ -302,8 +302,10 @@ class KernelSpec:
 
     def check_overlap(self, a: Mapping[str, Any]) -> None:
         """C31: a written parameter shares no byte with any other tensor argument, except the one
-        its ``may_alias`` names. A kernel validates its inputs and then reads them again; an output
-        over an input would change what was validated."""
+        its ``may_alias`` names, and that one only as the same elements (:func:`same_elements`:
+        element i of one is element i of the other, as vLLM's two slices of one buffer are). A kernel
+        validates its inputs and then reads them again; an output over an input at other indices
+        would change what was validated, and what another program reads."""
         spans = [(p, byte_span(a[p.name])) for p in self.params if p.kind is Kind.PTR and isinstance(a[p.name], torch.Tensor)]
         for i, (p, (lo, hi)) in enumerate(spans):
             for q, (lo2, hi2) in spans[i + 1:]:
@@ -313,9 +315,9 @@ class KernelSpec:
                 if not declared:
                     raise ValueError(f"{self.name}: '{q.name}' overlaps '{p.name}' in memory, and "
                                      f"'{(p if p.is_output else q).name}' is written (only declared aliases may share memory)")
-                if a[p.name] is not a[q.name]:
-                    raise ValueError(f"{self.name}: '{q.name}' may alias '{p.name}' only as the same tensor object, "
-                                     "not another view of its memory")
+                if not same_elements(a[p.name], a[q.name]):
+                    raise ValueError(f"{self.name}: '{q.name}' may alias '{p.name}' only as the same elements (the same "
+                                     "first element, dtype, shape and strides), not another view of its memory")
 
     def check(self, a: Mapping[str, Any], device: str | None = "cpu") -> None:
         """The whole contract: types, then the kernel's value-level preconditions."""
@@ -330,6 +332,13 @@ class KernelSpec:
             v = a[p.name]
             if p.kind is not Kind.PTR and isinstance(v, int) and not -(2**63) <= v < 2**63:
                 raise ValueError(f"{self.name}: '{p.name}' must fit in int64, got {v}")
+
+
+def same_elements(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two tensors are the same elements of the same memory: the same object, or views with
+    the same first element, dtype, shape and strides (``buf[:n]`` taken twice)."""
+    return x is y or (x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride()
+                      and x.device == y.device and _data_ptr(x) == _data_ptr(y))
 
 
 def _data_ptr(t: torch.Tensor) -> int:

@@ -175,7 +175,7 @@ class Launcher {
   }
 
   // C31 (KernelSpec.check_overlap): a written tensor shares no byte with another tensor argument,
-  // unless the contract declares the pair and both are the same tensor object.
+  // unless the contract declares the pair and both are the same elements (contracts.spec.same_elements).
   bool overlapping(const py::dict& bound, const std::vector<Arg>& args) const {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const auto [lo, hi] = span(args[i].tensor);
@@ -185,11 +185,16 @@ class Launcher {
         const auto [lo2, hi2] = span(args[j].tensor);
         if (!(lo < hi2 && lo2 < hi)) continue;
         const bool declared = params_[i].alias == j || params_[j].alias == i;
-        if (!declared || PyDict_GetItem(bound.ptr(), params_[i].name.ptr()) != PyDict_GetItem(bound.ptr(), params_[j].name.ptr()))
-          return true;
+        if (!declared || !same_elements(args[i].tensor, args[j].tensor)) return true;
       }
     }
     return false;
+  }
+
+  // Element k of one is element k of the other: the same first element, dtype and layout.
+  static bool same_elements(const Strided& a, const Strided& b) {
+    return a.data.ptr == b.data.ptr && a.data.dtype == b.data.dtype && a.data.numel == b.data.numel &&
+           a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride;
   }
 
   // The bytes [lo, hi) a converted tensor's elements lie in (lo == hi: none, or no tensor). The

@@ -31,19 +31,47 @@ def k5_args(**kw):
 
 @validating
 def test_declared_alias_runs_and_undeclared_overlap_is_refused(backend):
-    a = k5_args(alias=True)  # positions_ptr is out_clamped_positions_ptr, as vLLM passes it
+    a = k5_args(alias=True)  # positions_ptr is out_clamped_positions_ptr
     launch(backend, K5, a)
     assert a["positions_ptr"].tolist() == [51, 99, 0, 0]
-    # The declared pair as two views of one memory: only the same tensor object may alias.
+    # A view of the declared pair's memory at other indices changes what each program reads.
     a = k5_args()
-    a["out_clamped_positions_ptr"] = a["positions_ptr"].view(-1)
-    refused(backend, K5, a, ValueError, "out_clamped_positions_ptr")
+    wide = torch.zeros(5, dtype=torch.int64)
+    wide[:4] = a["positions_ptr"]
+    a["positions_ptr"], a["out_clamped_positions_ptr"] = wide[:4], wide[1:5]
+    refused(backend, K5, a, ValueError, "out_clamped_positions_ptr", "positions_ptr")
     # An output over an input the contract never lets it share: the slot mapping over the positions.
     a = k5_args()
     wide = torch.zeros(8, dtype=torch.int64)
     wide[:4] = a["positions_ptr"]
     a["positions_ptr"], a["out_slot_mapping_ptr"] = wide[:4], wide[2:8]
     refused(backend, K5, a, ValueError, "out_slot_mapping_ptr", "positions_ptr")
+
+
+@validating
+@pytest.mark.parametrize("mrope", [False, True], ids=["positions", "mrope_positions"])
+def test_draft_step_aliasing_as_vllm_passes_it(backend, mrope):
+    """vLLM's drafter (0.32.0 and 0.33.0, llm_base_proposer.py) passes positions_1d and
+    out_clamped_positions as two slice objects of one buffer: self.positions[:batch_size] each
+    time, or row 0 of mrope_positions. That launch is in contract and computes as if aliased."""
+    expected = k5_args(alias=True)
+    launch(backend, K5, expected)
+    a = k5_args()
+    b = a["batch_size"]
+    if mrope:
+        buf = torch.full((3, 16), 7, dtype=torch.int64)
+        buf[0, :b] = a["positions_ptr"]
+        a["positions_ptr"], a["out_clamped_positions_ptr"] = buf[:, :b][0], buf[0, :b]
+    else:
+        buf = torch.full((16,), 7, dtype=torch.int64)
+        buf[:b] = a["positions_ptr"]
+        a["positions_ptr"], a["out_clamped_positions_ptr"] = buf[:b], buf[:b]
+    assert a["positions_ptr"] is not a["out_clamped_positions_ptr"]
+    launch(backend, K5, a)
+    for name in ("out_clamped_positions_ptr", "out_slot_mapping_ptr", "seq_lens_ptr"):
+        assert a[name].tolist() == expected[name].tolist(), name
+    untouched = buf[1:, :] if mrope else buf[b:]
+    assert (untouched == 7).all()
 
 
 @validating
