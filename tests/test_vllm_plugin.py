@@ -1,4 +1,4 @@
-"""The vLLM plugin (cpu_impl/vllm_plugin.py) against vLLM 0.33.0's own override registry.
+"""The vLLM plugin (conformance/vllm_plugin.py) against vLLM 0.33.0's own override registry.
 
 vLLM does not import here, so the test builds the part of it the plugin meets: the registry is
 ``vllm/triton_utils/dispatcher.py`` executed unmodified as ``vllm.triton_utils.dispatcher``; the
@@ -20,10 +20,10 @@ import pytest
 import torch
 from support import vllm_spec
 
-from conformance import engine
+from conformance import engine, vllm_plugin
 from conformance.backends import BACKENDS
 from conformance.engine.cpu import CpuOverrides
-from cpu_impl import vllm_plugin
+from conformance.runner import load_case
 from cpu_impl.launcher import CpuKernel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,9 +110,98 @@ def test_after_the_platform_hook_every_kernel_is_specdiffs(vllm):
         kernel = _host(vllm, qualname)
         assert isinstance(kernel, vllm["dispatcher"].KernelOverride), qualname
         ours = qualname in vllm_plugin.launchers()
-        assert isinstance(kernel.func, CpuKernel) == ours, f"{qualname}: {kernel.func!r}"  # the rest stay vLLM's
+        assert _ported(kernel.func) == ours, f"{qualname}: {kernel.func!r}"  # the rest stay vLLM's
         assert tuple(kernel.arg_names) == tuple(original.arg_names), qualname  # vLLM's launch binding keeps working
-    assert isinstance(vllm["holder"].expand_kernel.func, CpuKernel), "a module that imported the kernel is rebound too"
+    assert _ported(vllm["holder"].expand_kernel.func), "a module that imported the kernel is rebound too"
+
+
+def _ported(func: Any) -> bool:
+    return isinstance(func, vllm_plugin.Launcher) and isinstance(func.kernel, CpuKernel)
+
+
+def _hooked() -> None:
+    vllm_plugin.register()
+    type(sys.modules["vllm.platforms"].current_platform).register_triton_kernel_overrides()
+
+
+def _draft_step(vllm: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """One draft step as vLLM's drafter launches it (llm_base_proposer.py, 0.32.0 and 0.33.0): positions
+    and out_clamped_positions two slices of one buffer, keyword launch through the host module."""
+    k5 = _host(vllm, "vllm.v1.spec_decode.utils.eagle_step_slot_mapping_metadata_kernel")
+    positions = torch.zeros(16, dtype=torch.int64)
+    positions[:3] = torch.tensor([5, 8, 99])
+    table = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int32)
+    seq_lens = torch.tensor([6, 9, 100], dtype=torch.int32)
+    slots = torch.full((4,), 7, dtype=torch.int64)
+    k5[(4,)](positions_ptr=positions[:3], block_table_ptr=table, block_table_stride=2, seq_lens_ptr=seq_lens,
+             out_clamped_positions_ptr=positions[:3], out_slot_mapping_ptr=slots, block_size=4, max_model_len=100,
+             n_blocks_per_req=2, PAD_ID=-1, batch_size=3)
+    return {"positions": positions, "seq_lens": seq_lens, "slots": slots}
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "reference"])
+def test_the_draft_step_vllm_launches_runs_on_every_kernel_set(vllm, monkeypatch, kernels):
+    # The launch that killed draft_model speculative decoding at its first draft step: the contract
+    # refused two slice objects of one buffer (C31 now asks for the same elements, not one object).
+    monkeypatch.setenv("SPECDIFF_PLUGIN_KERNELS", kernels)
+    _hooked()
+    got = _draft_step(vllm)
+    assert got["positions"][:4].tolist() == [6, 9, 0, 0]
+    assert got["slots"].tolist() == [2 * 4 + 2, 4 * 4 + 1, -1, -1]
+    assert got["seq_lens"].tolist() == [7, 10, 1]
+    assert vllm_plugin.LAUNCHES["eagle_step_slot_mapping_metadata_kernel"] >= 1
+
+
+def test_the_engine_set_keeps_vllms_kernels_and_records_their_launches(vllm, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDIFF_PLUGIN_KERNELS", "engine")
+    monkeypatch.setenv("SPECDIFF_RECORD", str(tmp_path))
+    monkeypatch.setenv("SPECDIFF_RECORD_LIMIT", "1")
+    _hooked()
+    k5 = "vllm.v1.spec_decode.utils.eagle_step_slot_mapping_metadata_kernel"
+    func = _host(vllm, k5).func
+    assert isinstance(func, vllm_plugin.Launcher) and func.kernel is vllm["dispatcher"]._registry[k5][1].kernels["engine"]
+    assert not isinstance(func.kernel, CpuKernel)
+    first = _draft_step(vllm)
+    _draft_step(vllm)  # past the limit: run, not saved
+    saved = sorted((tmp_path / "vllm-cpu").glob("*.safetensors"))
+    assert [p.name for p in saved] == ["000001-eagle_step_slot_mapping_metadata_kernel.out.safetensors",
+                                       "000001-eagle_step_slot_mapping_metadata_kernel.safetensors"]
+    before, after = load_case(saved[1]), load_case(saved[0])
+    # The alias survives the file: one tensor for both, holding the positions before the launch.
+    assert before.args["positions_ptr"] is before.args["out_clamped_positions_ptr"]
+    assert before.args["positions_ptr"].tolist() == [5, 8, 99]
+    assert after.args["positions_ptr"].tolist() == first["positions"][:3].tolist()
+    assert after.args["out_slot_mapping_ptr"].tolist() == first["slots"].tolist()
+    assert before.meta["recorded"]["kernels"] == "vllm-cpu"
+
+
+def test_an_unwritable_recording_directory_is_a_warning(vllm, monkeypatch, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPECDIFF_RECORD", str(blocker / "cases"))  # below a file: cannot be made
+    _hooked()
+    assert _draft_step(vllm)["slots"].tolist()[2:] == [-1, -1]
+    assert "not recording" in capsys.readouterr().err
+
+
+def test_kernel_sets_switch_at_run_time(vllm, monkeypatch):
+    # One engine process interleaves the sets (python -m conformance.e2e): each launch goes to the active one.
+    _hooked()
+    k5 = _host(vllm, "vllm.v1.spec_decode.utils.eagle_step_slot_mapping_metadata_kernel").func
+    results = {}
+    for kernels in ("engine", "reference", "cpu"):
+        vllm_plugin.use(kernels)
+        assert (k5.kernel is k5.kernels[kernels]) and isinstance(k5.kernel, CpuKernel) == (kernels == "cpu")
+        results[kernels] = {k: v.tolist() for k, v in _draft_step(vllm).items()}
+    assert results["engine"] == results["reference"] == results["cpu"]
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        vllm_plugin.use("gpu")
+
+
+def test_a_bad_kernel_set_is_refused_naming_the_variable(vllm, monkeypatch):
+    monkeypatch.setenv("SPECDIFF_PLUGIN_KERNELS", "gpu")
+    with pytest.raises(ValueError, match="SPECDIFF_PLUGIN_KERNELS"):
+        vllm_plugin.register()
 
 
 def test_a_launch_through_vllms_names_runs_specdiffs_port(vllm):
@@ -145,7 +234,7 @@ def test_the_plugin_does_nothing_off_the_cpu(vllm):
 def test_the_entry_point_is_declared_where_vllm_looks():
     text = (ROOT / "pyproject.toml").read_text()
     assert '[project.entry-points."vllm.general_plugins"]' in text
-    assert 'specdiff = "cpu_impl.vllm_plugin:register"' in text
+    assert 'specdiff = "conformance.vllm_plugin:register"' in text
     # Installed (nox installs the tree), vLLM's importlib.metadata lookup finds it.
     found = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == "specdiff"]
     if found:
