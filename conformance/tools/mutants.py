@@ -27,6 +27,7 @@ XML with ``--junit``), and exits non-zero if any catalogued fault survives, does
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -432,6 +433,9 @@ def add_parser(sub: Any) -> None:
 def _select(ns: argparse.Namespace) -> list[Mutant]:
     """The mutants the command line asks for; ValueError when the catalogue does not load or holds none of them."""
     catalogue = load(Path(ns.catalogue), source_tree("mutants"))
+    if importlib.util.find_spec("pytest") is None:
+        raise ValueError("`mutants` runs each planted fault's tests with pytest, which is not installed: "
+                         "pip install 'specdiff[test]'")
     unknown = [i for i in ns.id or [] if i not in {m.id for m in catalogue}]
     if unknown:
         raise ValueError(f"--id: unknown mutant {', '.join(map(repr, unknown))}; known: {', '.join(m.id for m in catalogue)}")
