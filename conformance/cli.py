@@ -231,8 +231,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         flush=True,
     )
     for b in backends:
-        if BACKENDS[b].engine and BACKENDS[b].unavailable() is None:
-            print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}", flush=True)
+        if BACKENDS[b].engine:
+            why = BACKENDS[b].unavailable()
+            print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}" if why is None else f"  {b}: not run: {why}", flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
     kernel_seconds: dict[str, float] = {}
@@ -335,7 +336,9 @@ def _print_findings(found: Findings, unseen: list[findings_mod.Expected]) -> Non
             if f.replay:
                 print(f"  replay: {f.replay}")
     for e in unseen:
-        print(f"\nexpected finding {e.id} ({e.kernel} x {e.backend}, {e.kind}, {e.rule}) was not seen this run")
+        why = BACKENDS[e.backend].unavailable() if e.backend in BACKENDS else None
+        print(f"\nexpected finding {e.id} ({e.kernel} x {e.backend}, {e.kind}, {e.rule}) was not seen this run"
+              + (f" ({e.backend} did not load)" if why else ""))
 
 
 def _states(name: str, seen: Counter[str], complete: bool) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 A group is (kernel, backend, output, kind, rule): the same defect met by many cases is one
 finding, with its count and its smallest case saved for replay. Statuses: ``fail`` (a
 disagreement nothing explains), ``departs (C6)`` (an engine backend on the far side of a contract
-decision, conformance/departures.py) and ``unsupported`` (a declared capability gap, refused
-cleanly). The engine's known defects are listed in ``conformance/engine/expected.toml``; a
+decision, conformance/departures.py), ``unsupported`` (a declared capability gap, refused
+cleanly) and ``drift`` (an earlier release's kernel takes the parameters its contract declares for
+that release, ``KernelSpec.earlier``: kind ``signature``, never launched with the contract's names;
+an undeclared difference of parameters is a ``fail`` of kind ``signature``). The engine's known defects are listed in ``conformance/engine/expected.toml``; a
 ``fail`` finding that no entry lists is new, and fails the engine command.
 """
 
@@ -71,7 +73,8 @@ class Findings:
         self.groups: dict[tuple[str, ...], Finding] = {}
 
     def add(self, case: Case, diff: Diff, message: str) -> None:
-        status = f"departs ({diff.departure})" if diff.departure else "unsupported" if diff.kind == "unsupported" else "fail"
+        status = (f"departs ({diff.departure})" if diff.departure else "unsupported" if diff.kind == "unsupported"
+                  else "drift" if diff.kind == "signature" and diff.rule == "earlier release" else "fail")
         rule = diff.departure or diff.rule
         key = (case.kernel, diff.backend, diff.output, diff.kind, rule)
         f = self.groups.setdefault(key, Finding(case.kernel, diff.backend, diff.output, diff.kind, rule, status))

@@ -231,6 +231,9 @@ def _diffs(case: Case, backend: str, got: Outcome, good: Outcome | None, variant
     """The first differing cell of each output of ``got`` against the verdict ``good``."""
     spec = case.spec
     if got.error is not None:
+        if got.error.startswith("SignatureDrift"):  # an engine release's kernel takes other parameters
+            declared = "declared in the contract" in got.error.splitlines()[0]
+            return [Diff(backend, "-", "signature", "earlier release" if declared else "", detail=got.error.splitlines()[0])]
         kind = "modified input" if got.error.startswith("modified its input") else "error"
         return [Diff(backend, "-", kind, detail=got.error.splitlines()[0])]
     if good is None or good.error is not None:

@@ -23,6 +23,7 @@ from contracts._checks import exclusive_offsets, flat_view, holds, item, span
 from contracts.numerics import logsumexp
 from contracts.spec import (
     INT,
+    Earlier,
     Flag,
     KernelSpec,
     Role,
@@ -325,9 +326,19 @@ def _draft_logits(optional: bool) -> tuple[Any, ...]:
             scalar("draft_logits_stride_1", "step stride (0 without draft logits)"))
 
 
+# vLLM 0.32.0's parameter lists of K13, K15 and K16 (v1/worker/gpu/spec_decode/rejection_sampler_utils.py):
+# 0.33.0 bounds the rows by num_logits instead of num_speculative_steps, and K16 gained FLy's entropy gate.
+_ROWS_BY_STEPS = "the rows were bounded by num_speculative_steps; 0.33.0 passes num_logits"
+_EARLIER_K13 = (Earlier("0.32.0", ('target_local_argmax_ptr', 'target_local_argmax_stride', 'target_local_max_ptr', 'target_local_max_stride', 'target_local_sumexp_ptr', 'target_local_sumexp_stride', 'draft_local_max_ptr', 'draft_local_max_stride', 'draft_local_sumexp_ptr', 'draft_local_sumexp_stride', 'target_logits_ptr', 'target_logits_stride', 'draft_logits_ptr', 'draft_logits_stride_0', 'draft_logits_stride_1', 'expanded_idx_mapping_ptr', 'expanded_local_pos_ptr', 'temp_ptr', 'vocab_size', 'num_speculative_steps', 'BLOCK_SIZE', 'HAS_DRAFT_LOGITS',), _ROWS_BY_STEPS),)
+_EARLIER_K15 = (Earlier("0.32.0", ('local_residual_mass_ptr', 'local_residual_mass_stride', 'cumulative_log_p_ptr', 'target_logits_ptr', 'target_logits_stride', 'target_local_max_ptr', 'target_local_max_stride', 'target_local_sumexp_ptr', 'target_local_sumexp_stride', 'draft_logits_ptr', 'draft_logits_stride_0', 'draft_logits_stride_1', 'draft_local_max_ptr', 'draft_local_max_stride', 'draft_local_sumexp_ptr', 'draft_local_sumexp_stride', 'draft_sampled_ptr', 'expanded_idx_mapping_ptr', 'expanded_local_pos_ptr', 'temp_ptr', 'vocab_size', 'num_speculative_steps', 'vocab_num_blocks', 'BLOCK_SIZE', 'PADDED_VOCAB_NUM_BLOCKS',), _ROWS_BY_STEPS),)
+_EARLIER_K16 = (Earlier("0.32.0", ('sampled_ptr', 'sampled_stride', 'rejected_steps_ptr', 'target_rejected_logsumexp_ptr', 'draft_rejected_logsumexp_ptr', 'target_logits_ptr', 'target_logits_stride', 'target_local_argmax_ptr', 'target_local_argmax_stride', 'target_local_max_ptr', 'target_local_max_stride', 'target_local_sumexp_ptr', 'target_local_sumexp_stride', 'draft_sampled_ptr', 'draft_logits_ptr', 'draft_logits_stride_0', 'draft_logits_stride_1', 'draft_local_max_ptr', 'draft_local_max_stride', 'draft_local_sumexp_ptr', 'draft_local_sumexp_stride', 'cu_num_logits_ptr', 'idx_mapping_ptr', 'temp_ptr', 'seed_ptr', 'pos_ptr', 'synthetic_conditional_rates_ptr', 'cumulative_log_p_ptr', 'local_residual_mass_ptr', 'local_residual_mass_stride', 'vocab_num_blocks', 'PADDED_VOCAB_NUM_BLOCKS', 'HAS_DRAFT_LOGITS', 'SYNTHETIC_MODE', 'USE_BLOCK_VERIFICATION',),
+                        "no FLy entropy gate (fly_entropy_ptr, fly_entropy_threshold, FLY_WINDOW_SIZE came in 0.33.0)"),)
+
+
 LOGITS_STATS = KernelSpec(
     name=K13,
     family="mrv2",
+    earlier=_EARLIER_K13,
     qualname=f"{_UTILS}.{K13}",
     params=(
         *_row_stats("target_local_argmax", "i", "[NL, NB] greedy rows: the first index of each tile's maximum"),
@@ -539,6 +550,7 @@ def _residual_preconditions(a: Mapping[str, Any]) -> None:
 LOCAL_RESIDUAL_MASS = KernelSpec(
     name=K15,
     family="mrv2",
+    earlier=_EARLIER_K15,
     qualname=f"{_UTILS}.{K15}",
     params=(
         *_row_stats("local_residual_mass", "f", "[NL, NB] out: each tile's sum of max(p_prev * p(x) - q(x), 0) (C29)"),
@@ -707,6 +719,7 @@ def _optional_f32(name: str, doc: str) -> Any:
 REJECTION = KernelSpec(
     name=K16,
     family="mrv2",
+    earlier=_EARLIER_K16,
     qualname=f"{_UTILS}.{K16}",
     params=(
         ptr("sampled_ptr", INT, I64, "[R, K+1] out: each verified step's token (greedy: the target argmax at a "

@@ -134,6 +134,15 @@ class Flag:
 Args = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Earlier:
+    """A kernel's parameter list through an earlier release (``through``, the last release with it)."""
+
+    through: str
+    params: tuple[str, ...]
+    note: str
+
+
 @dataclass
 class KernelSpec:
     """The contract of one kernel; backends register on it by name (see backends.py)."""
@@ -169,6 +178,9 @@ class KernelSpec:
     # (how a loop steps, how many steps are in flight) that no launch passes and no result depends
     # on. The signature gate accepts exactly these, and only where the kernel fills them.
     tuning: tuple[str, ...] = ()
+    # The kernel's parameters in earlier vLLM releases, where they differ from the contract's: the
+    # engine backends report such a release's kernel as a declared signature drift, not a failure.
+    earlier: tuple[Earlier, ...] = ()
     doc: str = ""
     _by_name: dict[str, Param] = field(init=False, repr=False)
     _names: tuple[str, ...] = field(init=False, repr=False)

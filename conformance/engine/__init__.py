@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,58 @@ def _unavailable(need_ops: bool) -> str | None:
         return str(e)
     if need_ops and src.csrc is None and named() != INSTALLED:
         return f"vLLM's C++ sources are not in {src.label}: pass a release or a source tree"
+    if need_ops:
+        # The CPU port as the engine registers it: the dispatcher's registry and its adapters (vLLM
+        # 0.31.0 on; earlier releases patched the kernels in from the CPU model runner instead).
+        missing = [f for f in CPU_PORT_FILES if not (src.root / f).is_file()]
+        if missing:
+            return (f"vLLM {src.release or src.label} has no {' or '.join(missing)}: the CPU port is not registered "
+                    "through the dispatcher there, so backend vllm-cpu cannot load")
     return None
+
+
+CPU_PORT_FILES = ("vllm/triton_utils/dispatcher.py", "vllm/utils/cpu_triton_utils.py", "vllm/platforms/cpu.py")
+
+
+class SignatureDrift(TypeError):
+    """An engine kernel whose parameters are not its contract's: launched by the contract's names it
+    would bind wrongly (an interpreted Triton kernel silently drops a keyword it does not declare)."""
+
+
+class _Drifted:
+    """Stands in for a kernel whose parameters differ from the contract's: every launch raises
+    :class:`SignatureDrift` naming the difference, before anything runs."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise SignatureDrift(self.message)
+
+
+def signature_drift(spec: KernelSpec, kernel: Any) -> str | None:
+    """How ``kernel``'s parameters differ from ``spec``'s (names and order), or None. A declared
+    earlier signature (``KernelSpec.earlier``) that matches is named with the release it holds for."""
+    names = getattr(kernel, "arg_names", None)
+    if names is None:
+        try:
+            names = list(inspect.signature(kernel).parameters)
+        except (TypeError, ValueError):
+            return None
+    names, want = tuple(names), spec.arg_names
+    if names == want:
+        return None
+    release = located().release or located().label
+    extra = [n for n in names if n not in want]
+    missing = [n for n in want if n not in names]
+    what = (f"takes {', '.join(map(repr, extra)) or 'no other parameter'} where the contract has "
+            f"{', '.join(map(repr, missing)) or 'the same names'}") if extra or missing else "takes the contract's parameters in another order"
+    declared = next((e for e in spec.earlier if e.params == names), None)
+    why = f"; declared in the contract: {declared.note} (through {declared.through})" if declared else ""
+    return f"vLLM {release}'s {spec.name} {what}{why}"
 
 
 class _HostFunction:
@@ -99,11 +151,17 @@ def _triton_kernel(spec: KernelSpec) -> Any:
     if spec.engine_apart:
         return None
     kernel = loader().kernel(spec.qualname)
-    return _HostFunction(kernel) if spec.host and kernel is not None else kernel
+    if kernel is None:
+        return None
+    drift = signature_drift(spec, kernel)
+    if drift is not None:
+        return _Drifted(drift)
+    return _HostFunction(kernel) if spec.host else kernel
 
 
 def _cpu_kernel(spec: KernelSpec) -> Any:
-    return overrides().wrap(spec.qualname, _triton_kernel(spec))
+    kernel = _triton_kernel(spec)
+    return kernel if isinstance(kernel, _Drifted) else overrides().wrap(spec.qualname, kernel)
 
 
 def _triton_mode() -> str:

@@ -42,6 +42,16 @@ class VllmSource:
     csrc: Path | None
     label: str
 
+    @property
+    def release(self) -> str | None:
+        """The release this tree says it is (``vllm/_version.py``, written at build), or None."""
+        path = self.root / "vllm" / "_version.py"
+        try:
+            found = re.search(r"^__version__ = version = ['\"]([^'\"]+)['\"]", path.read_text(), re.M)
+        except OSError:
+            return None
+        return found.group(1) if found else None
+
     def module_file(self, module: str) -> Path | None:
         """The source file of a dotted module name (``vllm.v1.sample.rejection_sampler``)."""
         base = self.root.joinpath(*module.split("."))

