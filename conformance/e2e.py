@@ -209,7 +209,7 @@ def compare(runs: dict[str, Any], methods: list[str], target: Path) -> dict[str,
                  "tokens_per_s": sum(len(t) for r in rounds for t in r["tokens"]) / seconds if seconds else 0.0,
                  "acceptance": accepted / drafted if drafted else None, "drafted": drafted, "accepted": accepted,
                  "launches": sum(r["launches"] for r in rounds), "kernel_share": sum(r["kernel_seconds"] for r in rounds) / seconds,
-                 "reproducible": all(r["tokens"] == rounds[0]["tokens"] for r in rounds)}
+                 "reproducible": all(r["tokens"] == rounds[0]["tokens"] for r in rounds) if len(rounds) > 1 else None}
         if temperature:
             entry["mean_logprob"] = mean_logprob(target, rounds[0]["prompt_tokens"], rounds[0]["tokens"])
         table.append(entry)
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["table"]:
         print(f"{r['method']:<12} {r['kernels']:<10} {r['temperature']:>3g} {r['tokens_per_s']:>8.1f} "
               f"{_fmt(r['acceptance'], '.3f'):>7} {r['launches']:>8d} {100 * r['kernel_share']:>8.1f} "
-              f"{_fmt(r.get('mean_logprob'), '.3f'):>9} {'yes' if r['reproducible'] else 'NO':>24}")
+              f"{_fmt(r.get('mean_logprob'), '.3f'):>9} { {True: 'yes', False: 'NO', None: '-'}[r['reproducible']]:>24}")
     failed = 0
     for c in report["checks"]:
         status = "info" if c["ok"] is None else "ok" if c["ok"] else "FAIL"
