@@ -15,6 +15,7 @@ import torch
 from contracts._checks import exclusive_offsets, item, require_elements
 from contracts.spec import (
     INT,
+    Earlier,
     KernelSpec,
     Role,
     at_least,
@@ -109,6 +110,13 @@ def _explain(a: Mapping[str, Any], output: str, index: int) -> str:
 COMPUTE_SLOT_MAPPING = KernelSpec(
     name=K10,
     family="slot_mapping",
+    # vLLM 0.30.0 (v1/worker/block_table.py) passed the attention block size and the blocks per KV
+    # block beside KV_CACHE_BLOCK_SIZE; 0.32.0 passes KV_CACHE_BLOCK_SIZE alone.
+    earlier=(Earlier("0.30.0", ("num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_ptr",
+                                "block_table_stride", "block_size", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE",
+                                "BLOCKS_PER_KV_BLOCK", "TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK",
+                                "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE"),
+                     "block_size and BLOCKS_PER_KV_BLOCK beside KV_CACHE_BLOCK_SIZE"),),
     qualname="vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel",
     params=(
         scalar("num_tokens", "positions.shape[0]; the tail starts here"),

@@ -136,7 +136,7 @@ Args = dict[str, Any]
 
 @dataclass(frozen=True)
 class Earlier:
-    """A kernel's parameter list through an earlier release (``through``, the last release with it)."""
+    """A kernel's parameter list in an earlier release (``through``: the last release known to take it)."""
 
     through: str
     params: tuple[str, ...]

@@ -29,7 +29,7 @@ def _tree(root: Path, release: str, params: tuple[str, ...], *, cpu_port: bool) 
     kernel.write_text("from vllm.triton_utils import tl, triton\n\n\n@triton.jit\n"
                       f"def _rejection_kernel({', '.join(params)}):\n    pass\n")
     if cpu_port:
-        for f in engine.CPU_PORT_FILES:
+        for f in (engine.CPU_ADAPTERS, engine.DISPATCHER, engine.CPU_PLATFORM):
             (root / f).parent.mkdir(parents=True, exist_ok=True)
             (root / f).write_text("")
     return root
@@ -63,7 +63,7 @@ def test_a_declared_earlier_signature_is_drift_naming_the_release(release):
     release("0.32.0", K16.earlier[0].params)
     kind, status, message = _finding("vllm")
     assert (kind, status) == ("signature", "drift")
-    assert "vLLM 0.32.0's _rejection_kernel takes no other parameter where the contract has 'fly_entropy_ptr'" in message
+    assert "vLLM 0.32.0's _rejection_kernel lacks 'fly_entropy_ptr', 'fly_entropy_threshold', 'FLY_WINDOW_SIZE'" in message
     assert "through 0.32.0" in message
 
 
@@ -80,9 +80,42 @@ def test_the_contracts_own_signature_launches(release):
     assert not isinstance(BACKENDS["vllm"].resolve(K16), engine._Drifted)
 
 
-def test_a_release_without_the_dispatcher_loses_only_vllm_cpu(release):
-    release("0.30.0", K16.arg_names, cpu_port=False)
+def test_a_release_without_a_cpu_port_loses_only_vllm_cpu(release):
+    release("0.19.0", K16.arg_names, cpu_port=False)
     why = BACKENDS["vllm-cpu"].unavailable()
-    assert why is not None and "vLLM 0.30.0 has no vllm/triton_utils/dispatcher.py" in why and "vllm-cpu cannot load" in why
+    assert why is not None and "vllm-cpu cannot load" in why
+    assert "vLLM 0.19.0 has no vllm/utils/cpu_triton_utils.py or vllm/v1/worker/cpu_model_runner.py" in why
     assert "\n" not in why
     assert BACKENDS["vllm"].unavailable() is None
+
+
+def test_before_the_dispatcher_the_cpu_port_is_read_from_the_runners_patches(tmp_path):
+    from conformance.engine.cpu import PATCHING_RUNNER, patched
+    from conformance.engine.source import SourceError, VllmSource
+
+    runner = tmp_path / PATCHING_RUNNER
+    runner.parent.mkdir(parents=True)
+    runner.write_text(  # as vLLM 0.20.0-0.30.0's CPUModelRunner._postprocess_triton writes them
+        "import vllm.utils.cpu_triton_utils as cpu_tl\n\nclass CPUModelRunner:\n    def _postprocess_triton(self):\n"
+        "        vllm.v1.worker.block_table._COMPUTE_SLOT_MAPPING_KERNEL.kernel = (\n"
+        "            cpu_tl.compute_slot_mapping_kernel\n        )\n"
+        "        vllm.v1.sample.rejection_sampler.expand_kernel = cpu_tl.expand_kernel\n"
+        "        vllm.v1.worker.mamba_utils.batch_memcpy_kernel = cpu_tl.batch_memcpy_kernel\n")
+    table = patched(VllmSource(tmp_path, None, "a tree"))
+    assert table == {"vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel": "compute_slot_mapping_kernel",
+                     "vllm.v1.sample.rejection_sampler.expand_kernel": "expand_kernel"}
+    runner.write_text("class CPUModelRunner:\n    pass\n")
+    with pytest.raises(SourceError, match="assigns no cpu_tl"):
+        patched(VllmSource(tmp_path, None, "a tree"))
+
+
+def test_an_adapter_misaligned_with_its_kernel_is_named():
+    from conformance.engine.cpu import misbinding
+
+    kernel = ("num_tokens", "positions_ptr", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE", "PAD_ID")
+    # vLLM 0.32.0's sdist: the adapter kept a parameter its kernel no longer passes.
+    stale = ("num_tokens", "positions", "block_size", "slot_mapping", "KV_CACHE_BLOCK_SIZE", "PAD_ID")
+    assert misbinding(stale, kernel) == ("takes 'slot_mapping' at position 3 where the kernel passes it at 2: "
+                                         "launched by position, 'slot_mapping' receives 'KV_CACHE_BLOCK_SIZE'")
+    assert misbinding(("num_tokens", "positions", "slot_mapping", "kv_block", "pad"), kernel) is None  # renames
+    assert misbinding(kernel, kernel) is None

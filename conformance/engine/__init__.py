@@ -80,16 +80,21 @@ def _unavailable(need_ops: bool) -> str | None:
     if need_ops and src.csrc is None and named() != INSTALLED:
         return f"vLLM's C++ sources are not in {src.label}: pass a release or a source tree"
     if need_ops:
-        # The CPU port as the engine registers it: the dispatcher's registry and its adapters (vLLM
-        # 0.31.0 on; earlier releases patched the kernels in from the CPU model runner instead).
-        missing = [f for f in CPU_PORT_FILES if not (src.root / f).is_file()]
+        # The CPU port as the engine installs it: its adapters, registered through the dispatcher
+        # (0.31.0 on) or patched in by the CPU model runner (before).
+        from conformance.engine.cpu import PATCHING_RUNNER
+
+        files = [CPU_ADAPTERS, *((DISPATCHER, CPU_PLATFORM) if (src.root / DISPATCHER).is_file() else (PATCHING_RUNNER,))]
+        missing = [f for f in files if not (src.root / f).is_file()]
         if missing:
-            return (f"vLLM {src.release or src.label} has no {' or '.join(missing)}: the CPU port is not registered "
-                    "through the dispatcher there, so backend vllm-cpu cannot load")
+            return (f"vLLM {src.release or src.label} has no {' or '.join(missing)}: its CPU port cannot be found, "
+                    "so backend vllm-cpu cannot load")
     return None
 
 
-CPU_PORT_FILES = ("vllm/triton_utils/dispatcher.py", "vllm/utils/cpu_triton_utils.py", "vllm/platforms/cpu.py")
+# The release the contracts are written against: a kernel another release lacks is reported, not failed.
+REFERENCE_RELEASE = "0.33.0"
+CPU_ADAPTERS, DISPATCHER, CPU_PLATFORM = "vllm/utils/cpu_triton_utils.py", "vllm/triton_utils/dispatcher.py", "vllm/platforms/cpu.py"
 
 
 class SignatureDrift(TypeError):
@@ -99,10 +104,11 @@ class SignatureDrift(TypeError):
 
 class _Drifted:
     """Stands in for a kernel whose parameters differ from the contract's: every launch raises
-    :class:`SignatureDrift` naming the difference, before anything runs."""
+    :class:`SignatureDrift` naming the difference, before anything runs. ``arg_names`` are the
+    release's; ``declared`` says whether the contract lists them (``KernelSpec.earlier``)."""
 
-    def __init__(self, message: str) -> None:
-        self.message = message
+    def __init__(self, message: str, arg_names: tuple[str, ...], declared: bool) -> None:
+        self.message, self.arg_names, self.declared = message, arg_names, declared
 
     def __getitem__(self, grid: Any) -> Any:
         return self
@@ -124,10 +130,12 @@ def signature_drift(spec: KernelSpec, kernel: Any) -> str | None:
     if names == want:
         return None
     release = located().release or located().label
-    extra = [n for n in names if n not in want]
-    missing = [n for n in want if n not in names]
-    what = (f"takes {', '.join(map(repr, extra)) or 'no other parameter'} where the contract has "
-            f"{', '.join(map(repr, missing)) or 'the same names'}") if extra or missing else "takes the contract's parameters in another order"
+    extra = ", ".join(repr(n) for n in names if n not in want)
+    missing = ", ".join(repr(n) for n in want if n not in names)
+    what = (f"takes {extra} where the contract has {missing}" if extra and missing
+            else f"takes {extra}, which the contract does not have" if extra
+            else f"lacks {missing}, which the contract has" if missing
+            else "takes the contract's parameters in another order")
     declared = next((e for e in spec.earlier if e.params == names), None)
     why = f"; declared in the contract: {declared.note} (through {declared.through})" if declared else ""
     return f"vLLM {release}'s {spec.name} {what}{why}"
@@ -155,13 +163,18 @@ def _triton_kernel(spec: KernelSpec) -> Any:
         return None
     drift = signature_drift(spec, kernel)
     if drift is not None:
-        return _Drifted(drift)
+        return _Drifted(drift, tuple(getattr(kernel, "arg_names", ()) or ()), "declared in the contract" in drift)
     return _HostFunction(kernel) if spec.host else kernel
 
 
 def _cpu_kernel(spec: KernelSpec) -> Any:
     kernel = _triton_kernel(spec)
-    return kernel if isinstance(kernel, _Drifted) else overrides().wrap(spec.qualname, kernel)
+    if isinstance(kernel, _Drifted):
+        return kernel
+    wrong = overrides().misbinding(spec.qualname, kernel)
+    if wrong is not None:  # what every launch of the engine's CPU port would meet
+        return _Drifted(f"vLLM {located().release or located().label}'s {spec.name}: {wrong}", tuple(kernel.arg_names), False)
+    return overrides().wrap(spec.qualname, kernel)
 
 
 def _triton_mode() -> str:

@@ -1,11 +1,13 @@
 """vLLM's CPU port as the engine runs it: its C++ ops, its Python overrides and its dispatcher.
 
-Where vLLM runs without Triton, ``CpuPlatform.register_triton_kernel_overrides``
+Where vLLM (0.31.0 on) runs without Triton, ``CpuPlatform.register_triton_kernel_overrides``
 (``vllm/platforms/cpu.py``) maps each kernel's qualname to an adapter of
 ``vllm/utils/cpu_triton_utils.py``, and the dispatcher (``vllm/triton_utils/dispatcher.py``) wraps
 each adapter in a ``KernelOverride`` that binds the launch and calls ``torch.ops._C.<op>``.
 
-This module reads that mapping from ``platforms/cpu.py``'s syntax tree, executes the adapters'
+Before 0.31.0 the CPU model runner patched each adapter over its kernel at run time
+(``vllm/v1/worker/cpu_model_runner.py``); that mapping is read from the runner's assignments.
+This module reads the mapping from ``platforms/cpu.py``'s syntax tree, executes the adapters'
 and the dispatcher's files unmodified (the dispatcher's one vLLM import, its logger, is answered
 by a stand-in), and wraps each adapter in the dispatcher's own ``KernelOverride`` around the
 original kernel (the ``vllm`` backend's), exactly as registration does. The ops come from an
@@ -151,21 +153,100 @@ def registered(source: VllmSource) -> dict[str, str]:
     raise SourceError(f"{path} has no register_kernels({{...}}) call: the CPU overrides could not be read")
 
 
+PATCHING_RUNNER = "vllm/v1/worker/cpu_model_runner.py"
+
+
+def patched(source: VllmSource) -> dict[str, str]:
+    """qualname -> adapter name, read from the CPU model runner's run-time patches (vLLM before 0.31.0:
+    ``CPUModelRunner._postprocess_triton`` assigns ``cpu_tl.<kernel name>`` over each kernel)."""
+    import contracts
+
+    path = source.root / PATCHING_RUNNER
+    names = {
+        node.value.attr
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and ast.unparse(node.value.value) == "cpu_tl"
+    }
+    if not names:
+        raise SourceError(f"{path} assigns no cpu_tl.<kernel> over a kernel: the CPU overrides could not be read")
+    return {spec.qualname: spec.name for spec in contracts.SPECS.values() if spec.name in names}
+
+
 class CpuOverrides:
-    """The engine's CPU overrides over one vLLM source: ``wrap(qualname, kernel)`` is what
-    ``register_kernels`` would put in the kernel's place."""
+    """The engine's CPU overrides over one vLLM source: ``wrap(qualname, kernel)`` is what the engine
+    puts in the kernel's place. From 0.31.0 that is ``register_kernels``' ``KernelOverride`` around the
+    adapter; before, the CPU model runner patched the adapter itself (a ``_FuncWrapper``, launched
+    ``kernel[grid](...)``) over each kernel, which the call site then launches with its own arguments."""
 
     def __init__(self, source: VllmSource) -> None:
         self.ops = _load_ops(source)
         logger = ModuleType("vllm.logger")
         logger.init_logger = logging.getLogger  # type: ignore[attr-defined]
         root = source.root / "vllm"
-        self.dispatcher = _exec_file(root / "triton_utils" / "dispatcher.py", "specdiff_vllm.dispatcher", {"vllm.logger": logger})
         self.adapters = _exec_file(root / "utils" / "cpu_triton_utils.py", "specdiff_vllm.cpu_triton_utils", {})
-        self.table = registered(source)
+        if (root / "triton_utils" / "dispatcher.py").is_file():
+            self.dispatcher: ModuleType | None = _exec_file(root / "triton_utils" / "dispatcher.py", "specdiff_vllm.dispatcher",
+                                                             {"vllm.logger": logger})
+            self.table = registered(source)
+        else:
+            self.dispatcher, self.table = None, patched(source)
+
+    def misbinding(self, qualname: str, kernel: Any) -> str | None:
+        """How the adapter for ``qualname`` misaligns with ``kernel``'s parameters (:func:`misbinding`)."""
+        import inspect
+
+        name = self.table.get(qualname)
+        names = tuple(getattr(kernel, "arg_names", ()) or ())
+        if name is None or not names:
+            return None
+        try:
+            taken = tuple(inspect.signature(getattr(self.adapters, name)).parameters)
+        except (TypeError, ValueError):
+            return None
+        wrong = misbinding(taken, names)
+        return None if wrong is None else f"its CPU adapter {name} {wrong}"
 
     def wrap(self, qualname: str, kernel: Any) -> Any:
         name = self.table.get(qualname)
         if name is None or kernel is None:
             return None
+        if self.dispatcher is None:
+            return _Patched(getattr(self.adapters, name), tuple(kernel.arg_names) if hasattr(kernel, "arg_names") else ())
         return self.dispatcher.KernelOverride(kernel, getattr(self.adapters, name))
+
+
+def misbinding(taken: tuple[str, ...], passed: tuple[str, ...]) -> str | None:
+    """How an adapter taking ``taken`` misaligns with a kernel whose launches pass ``passed``, or None.
+    vLLM's KernelOverride passes a launch to an adapter with other names by position, in the kernel's
+    order, so an adapter parameter named after another position's kernel parameter (``slot_mapping``
+    for ``slot_mapping_ptr``) receives the wrong argument; renames (``input_ptr`` as ``input_val``) are
+    fine."""
+    if taken == passed:
+        return None  # forwarded by name
+    where = {n.removesuffix("_ptr"): i for i, n in enumerate(passed)}
+    for i, n in enumerate(taken):
+        j = where.get(n.removesuffix("_ptr"))
+        if j is not None and j != i:
+            got = f"'{passed[i]}'" if i < len(passed) else "nothing"
+            return f"takes '{n}' at position {i} where the kernel passes it at {j}: launched by position, '{n}' receives {got}"
+    return None
+
+
+class _Patched:
+    """An adapter the CPU model runner patched over a kernel (before 0.31.0), launched as the
+    release's warm-up dispatcher launches it once its kernel is the adapter: the dispatcher binds
+    the call site's arguments to the adapter's own parameters, which follow the kernel's order; the
+    launch's keywords are passed in the kernel's parameter order, by position."""
+
+    def __init__(self, adapter: Any, arg_names: tuple[str, ...]) -> None:
+        self.adapter, self.arg_names = adapter, arg_names
+
+    def __getitem__(self, grid: Any) -> Any:
+        impl = self.adapter[grid]
+
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            if args or not self.arg_names:
+                return impl(*args, **kwargs)
+            return impl(*(kwargs[n] for n in self.arg_names if n in kwargs))
+
+        return launch

@@ -104,7 +104,7 @@ def defaults_of(obj: Any) -> dict[str, Any] | None:
 def constexprs_of(obj: Any) -> list[int] | None:
     """Indices of the constexpr parameters, where the kernel object exposes them."""
     obj = triton_wrappers(obj)[1]
-    if hasattr(obj, "constexprs"):
+    if getattr(obj, "constexprs", None) is not None:  # vLLM's KernelOverride mirrors a kernel's, or None
         return sorted(obj.constexprs)
     params = getattr(obj, "params", None)
     if params and all(hasattr(p, "is_constexpr") for p in params):
@@ -189,6 +189,10 @@ def check_backend(spec: KernelSpec, name: str, case: Case | None = None) -> list
     kernel = backend.resolve(spec)
     if kernel is None:
         return []  # conformance reports missing kernels; partial backends answer for their own
+    from conformance import engine
+
+    if isinstance(kernel, engine._Drifted):  # another release's parameters: reported, never launched
+        return [Check(spec.name, name, "names", None if kernel.declared else False, kernel.message)]
     out: list[Check] = []
 
     def add(check: str, ok: bool | None, message: str = "") -> None:
@@ -261,7 +265,9 @@ def _launch_forms(spec: KernelSpec, backend: Any, kernel: Any, case: Case) -> It
                       lambda: _launch(backend, kernel, case, tuple(pointers_first), _names=constexprs)))
     if len(required) < len(names) and all(case.args[p.name] == p.default for p in spec.params if p.default is not REQUIRED):
         forms.append(("defaults-omitted", "trailing defaults omitted", lambda: _launch(backend, kernel, case, _names=required)))
-    if not backend.gridless and not backend.name.startswith("triton"):  # Triton owns its options
+    # Triton owns its options; a backend that declares it takes none (vLLM's KernelOverride raises on
+    # them) is not asked to.
+    if not backend.gridless and not backend.name.startswith("triton") and backend.launch_options:
         options = dict(sorted(LAUNCH_OPTIONS.items()))
         forms.append(("launch-options", "every Triton launch option (accepted and ignored)",
                       lambda: _launch(backend, kernel, case, _names=names, **options)))
@@ -366,8 +372,14 @@ def check_vllm(spec: KernelSpec) -> list[Check]:
         obj = loader().kernel(spec.qualname) if spec.engine_apart else BACKENDS["vllm"].resolve(spec)
     except Exception as e:
         return [Check(spec.name, "vllm", "names", False, f"{spec.qualname} could not be loaded from vLLM: {type(e).__name__}: {e}")]
+    from conformance import engine
+
     if obj is None:
-        return [Check(spec.name, "vllm", "names", False, f"{spec.qualname} not found in vLLM")]
+        release = engine.located().release
+        other = release is not None and release != engine.REFERENCE_RELEASE
+        return [Check(spec.name, "vllm", "names", None if other else False, f"{spec.qualname} not found in vLLM {release or ''}".rstrip())]
+    if isinstance(obj, engine._Drifted):
+        return [Check(spec.name, "vllm", "names", None if obj.declared else False, obj.message)]
     names = names_of(obj)
     out = [Check(spec.name, "vllm", "names", names == list(spec.arg_names), "" if names == list(spec.arg_names) else _diff_names(list(spec.arg_names), names or []))]
     ce = constexprs_of(obj)
