@@ -56,12 +56,13 @@ def engine(session: nox.Session) -> None:
     nox -s engine                        vLLM 0.33.0: its source distribution from the package index
     nox -s engine -- --vllm PATH         a wheel, an unpacked wheel, an sdist or a source tree
     nox -s engine -- --no-call-site      every dtype and layout, not only what vLLM's call sites pass
+    nox -s engine -- --releases 0.20.0,0.30.0,0.32.0,0.33.0   each release, then kernel x release x backend
     Keeps going through every example; fails only on a finding conformance/engine/expected.toml
     does not list. Downloads and the vLLM C++ build are cached in SPECDIFF_CACHE (~/.cache/specdiff).
     """
     install(session, "test")
     args = list(session.posargs)
-    if not any(a == "--vllm" or a.startswith("--vllm=") for a in args):
+    if not any(a.split("=")[0] in ("--vllm", "--releases") for a in args):
         args = ["--vllm", "0.33.0", *args]
     session.run("python", "-m", "conformance", "run", "--call-site", "--report", "reports/engine.json",
                 "--junit", "reports/engine.xml", *args)

@@ -187,6 +187,8 @@ def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 def _check_run(ns: argparse.Namespace) -> None:
     """Backends a run could not compare are refused before it starts."""
+    if ns.releases and ns.vllm:
+        raise ValueError("--releases runs each release as --vllm: give one or the other")
     engines = [b for b in ns.backend or [] if BACKENDS[b].engine]
     if engines and not (ns.vllm or engine.named()):
         raise ValueError(f"--backend {engines[0]}: vLLM's own kernels need a vLLM: --vllm VERSION|PATH (or {engine.ENV})")
@@ -202,8 +204,29 @@ def _not_compared(name: str, b: str, runnable: list[str], skipped: dict[str, dic
                        + (f" ({why})" if why else "")}
 
 
+def _without(argv: list[str], *options: str) -> list[str]:
+    """``argv`` less each of ``options`` and its value (``--opt V`` or ``--opt=V``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not any(a.startswith(o + "=") for o in options):
+            out.append(a)
+    return out
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from conformance import isolate
+
+    if ns.releases:
+        from conformance import releases
+
+        rest = _without(ns.argv[1:] if ns.argv[:1] == ["run"] else ns.argv, "--releases", "--report", "--junit")
+        out = Path(ns.report).parent
+        out.mkdir(parents=True, exist_ok=True)
+        return releases.run(ns.releases, rest, out)
 
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
     if ns.isolate and isolate.child_dir() is None:  # a crashing backend is reported, not the end of the run
@@ -481,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--vllm", metavar="VERSION|PATH",
                      help="also run vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): a release such as 0.33.0 "
                           "(fetched from the package index), a wheel, an sdist, a source tree, or 'installed'")
+    run.add_argument("--releases", type=lambda v: [r for r in v.split(",") if r], metavar="R1,R2,...",
+                     help="the engine check on each vLLM release in turn (each as --vllm), then one table kernel x "
+                          "release x engine backend (reports/engine-<release>.json, reports/engine-releases.json)")
     run.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=None,
                      help="run every example and report findings grouped by kernel x backend x output x kind x rule "
                           "(default: on when an engine backend runs)")
