@@ -113,7 +113,12 @@ class Recorder:
             bound = dict(spec.bind(args, kwargs))
         except TypeError:
             return None  # a launch the contract cannot bind is saved by no one; the kernel refuses it
-        return bound, compact(bound)
+        try:
+            return bound, compact(bound)
+        except Exception as e:  # noqa: BLE001 - the recorder must never disturb the engine's launch
+            self.broken = True
+            print(f"specdiff: recording stopped, a {spec.name} launch could not be copied: {e}", file=sys.stderr)
+            return None
 
     def after(self, spec: KernelSpec, snapshot: Any, meta: dict[str, Any]) -> None:
         if snapshot is None:
@@ -129,7 +134,7 @@ class Recorder:
             save_case(Case(spec.name, before, note="recorded from a running engine"), stem.with_name(stem.name + ".safetensors"), meta)
             save_case(Case(spec.name, compact(bound), note="the same launch's arguments after it ran"),
                       stem.with_name(stem.name + ".out.safetensors"), meta)
-        except (OSError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - a full disk or an unsavable tensor: warn once, never fail the launch
             self.broken = True
             print(f"specdiff: recording stopped, cannot write under SPECDIFF_RECORD={str(self.root)!r}: {e}", file=sys.stderr)
 

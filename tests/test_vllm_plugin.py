@@ -184,6 +184,20 @@ def test_an_unwritable_recording_directory_is_a_warning(vllm, monkeypatch, tmp_p
     assert "not recording" in capsys.readouterr().err
 
 
+def test_a_full_disk_stops_recording_with_one_warning(vllm, monkeypatch, tmp_path, capsys):
+    import conformance.runner
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(conformance.runner, "save_case", full)
+    monkeypatch.setenv("SPECDIFF_RECORD", str(tmp_path))
+    _hooked()
+    for _ in range(3):  # every launch still runs, and computes
+        assert _draft_step(vllm)["slots"].tolist() == [2 * 4 + 2, 4 * 4 + 1, -1, -1]
+    assert capsys.readouterr().err.count("recording stopped") == 1
+
+
 def test_kernel_sets_switch_at_run_time(vllm, monkeypatch):
     # One engine process interleaves the sets (python -m conformance.e2e): each launch goes to the active one.
     _hooked()
