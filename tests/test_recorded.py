@@ -63,10 +63,11 @@ def test_replay_of_a_recording_directory(capsys):
     assert sorted(re.search(r"\d{6}-(\w+)\.safetensors", line).group(1) for line in wrote) == sorted(KNOWN)
 
 
-def test_an_outputs_file_of_another_kernel_is_refused(tmp_path):
-    (a, _), (b, b_out) = LAUNCHES[0], next(x for x in LAUNCHES if load_case(x[0]).kernel != load_case(LAUNCHES[0][0]).kernel)
+def test_an_outputs_file_of_another_kernel_is_refused():
+    first = load_case(LAUNCHES[0][0])
+    other_out = next(out for path, out in LAUNCHES if load_case(path).kernel != first.kernel)
     with pytest.raises(ValueError, match="holds a"):
-        recorded.against_recording(load_case(a), load_case(b_out))
+        recorded.against_recording(first, load_case(other_out))
 
 
 def test_an_empty_or_missing_directory_is_one_line(tmp_path, capsys):
