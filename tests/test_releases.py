@@ -119,3 +119,22 @@ def test_an_adapter_misaligned_with_its_kernel_is_named():
                                          "launched by position, 'slot_mapping' receives 'KV_CACHE_BLOCK_SIZE'")
     assert misbinding(("num_tokens", "positions", "slot_mapping", "kv_block", "pad"), kernel) is None  # renames
     assert misbinding(kernel, kernel) is None
+
+
+@pytest.mark.parametrize(("avx512", "bf16", "want"), [(False, False, "_C_AVX2"), (True, False, "_C_AVX512"), (True, True, "_C")])
+def test_an_installed_vllm_loads_the_build_vllm_picks_for_the_cpu(tmp_path, monkeypatch, avx512, bf16, want):
+    import platform
+
+    import torch
+
+    from conformance.engine.cpu import installed_ops
+
+    for name in ("_C", "_C_AVX2", "_C_AVX512"):
+        (tmp_path / f"{name}.abi3.so").write_bytes(b"")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+    assert installed_ops(tmp_path).name == f"{want}.abi3.so"
+    (tmp_path / f"{want}.abi3.so").unlink()
+    with pytest.raises(ValueError, match=f"has no {want} library"):
+        installed_ops(tmp_path)

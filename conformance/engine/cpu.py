@@ -21,7 +21,6 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
-import importlib
 import logging
 import os
 import re
@@ -115,13 +114,35 @@ def _load_ops(source: VllmSource) -> str:
         return "already loaded"
     installed = os.environ.get("SPECDIFF_VLLM_OPS")
     if installed is None and source.csrc is None:
-        importlib.import_module("vllm._C")  # an installed CPU build registers torch.ops._C itself
+        library = installed_ops(source.root / "vllm")
+        torch.ops.load_library(str(library))  # registers torch.ops._C, as vLLM's import of it does
         if not hasattr(torch.ops._C, "rejection_greedy_sample_kernel_impl"):
-            raise SourceError("the installed vllm._C has no CPU spec-decode ops: it is not a CPU build")
-        return "vllm._C (installed)"
+            raise SourceError(f"the installed {library.name} has no CPU spec-decode ops: it is not a CPU build")
+        return f"{library} (installed; chosen as vLLM's CpuPlatform.import_kernels chooses on this CPU)"
     path = Path(installed) if installed else build(source, tuple(os.environ.get("SPECDIFF_VLLM_CXXFLAGS", "").split()))
     torch.ops.load_library(str(path))
     return str(path)
+
+
+def installed_ops(package: Path) -> Path:
+    """The library of CPU ops an installed vLLM loads on this machine: on x86, ``_C`` with AVX-512 and
+    its BF16 extension, ``_C_AVX512`` with AVX-512 alone, ``_C_AVX2`` otherwise (vLLM 0.32.0's
+    ``CpuPlatform.import_kernels``); ``_C`` elsewhere. Importing ``vllm._C`` on an AVX2-only CPU would
+    load the AVX-512 build and die of SIGILL."""
+    import platform
+
+    import torch
+
+    name = "_C"
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        if not torch.cpu._is_avx512_supported():
+            name = "_C_AVX2"
+        elif not torch.cpu._is_avx512_bf16_supported():
+            name = "_C_AVX512"
+    found = sorted(package.glob(f"{name}.*so")) or sorted(package.glob(f"{name}.so"))
+    if not found:
+        raise SourceError(f"the installed vLLM ({package}) has no {name} library, the build vLLM itself loads on this CPU")
+    return found[0]
 
 
 def _exec_file(path: Path, name: str, stand_ins: dict[str, ModuleType]) -> ModuleType:
