@@ -243,6 +243,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
         seed = random.getrandbits(32)  # printed, so any failure can be replayed with --seed
     names, backends = _select(ns)
     names = [n for n in names if n not in skip]
+    dead = isolate.unloadable() if isolate.child_dir() is not None else {}
+    backends = [b for b in backends if b not in dead]
+    if isolate.child_dir() is not None:
+        for b in backends:
+            if BACKENDS[b].engine:
+                isolate.load_engine_backend(b)
     asked = set(ns.backend or []) | ({b for b in backends if BACKENDS[b].engine} if ns.vllm else set())
     engine_run = any(BACKENDS[b].engine for b in backends)
     keep_going = ns.keep_going if ns.keep_going is not None else engine_run
@@ -253,6 +259,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         + ("; keep going" if keep_going else "") + ("; call-site cases only" if ns.call_site else ""),
         flush=True,
     )
+    for b, why in dead.items():
+        print(f"  {b}: not run: {why}", flush=True)
     for b in backends:
         if BACKENDS[b].engine:
             why = BACKENDS[b].unavailable()

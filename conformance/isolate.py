@@ -44,6 +44,36 @@ def start_child_recording() -> tuple[Path, set[str]]:
     return d / "report.json", skip
 
 
+def unloadable() -> dict[str, str]:
+    """In the child: backends an earlier child died loading (backend -> why), left out of this run."""
+    d = child_dir()
+    f = d / "unloadable" if d is not None else None
+    if f is None or not f.exists():
+        return {}
+    return dict(line.split(" ", 1) for line in f.read_text().splitlines() if " " in line)
+
+
+def load_engine_backend(name: str) -> None:
+    """In the child: loads an engine backend before any case, marked, so that a crash while loading it
+    (a CPU build the processor cannot run: SIGILL) is that backend's, not a kernel's."""
+    import contracts
+    from conformance.backends import BACKENDS
+
+    d = child_dir()
+    marker = d / "loading" if d is not None else None
+    if marker is not None:
+        marker.write_text(name)
+    try:
+        backend = BACKENDS[name]
+        if backend.unavailable() is None:
+            for spec in contracts.SPECS.values():
+                if backend.applies(spec) and backend.resolve(spec) is not None:
+                    break
+    finally:
+        if marker is not None:
+            marker.unlink(missing_ok=True)
+
+
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -60,11 +90,12 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
     coverage: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     crashed: list[str] = []
+    unloadable: dict[str, str] = {}
     code = 0
     with tempfile.TemporaryDirectory(prefix="specdiff-run-") as tmp:
         d = Path(tmp)
         while True:
-            for f in ("report.json", "inflight.safetensors", "inflight.backend"):
+            for f in ("report.json", "inflight.safetensors", "inflight.backend", "loading"):
                 (d / f).unlink(missing_ok=True)
             (d / "skip").write_text("\n".join([*kernels, *crashed]))
             rc = subprocess.run([sys.executable, "-m", "conformance", *argv], env={**os.environ, CHILD: tmp}).returncode
@@ -77,6 +108,14 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
                 code = code or rc
                 break
             code = 1
+            if (d / "loading").exists():  # died loading a backend, before any case: no kernel is to blame
+                backend = (d / "loading").read_text().strip()
+                why = f"killed the process ({_signal_name(rc)}) while loading, before any case"
+                print(f"\n  {backend}: cannot load: {why}; the other backends go on\n", flush=True)
+                unloadable[backend] = why
+                with open(d / "unloadable", "a") as f:
+                    f.write(f"{backend} {why}\n")
+                continue
             backend = (d / "inflight.backend").read_text().strip() if (d / "inflight.backend").exists() else "?"
             case = runner.load_case(d / "inflight.safetensors") if (d / "inflight.safetensors").exists() else None
             kernel = case.kernel if case is not None else part.get("running", "?")
@@ -93,6 +132,8 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
     merged["kernels"], merged["coverage"], merged["seconds"] = kernels, coverage, seconds
     if crashed:
         merged["crashed"] = crashed
+    if unloadable:
+        merged["unloadable"] = unloadable
     path = Path(report_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merged, indent=2) + "\n")

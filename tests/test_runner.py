@@ -315,6 +315,39 @@ def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_o
     assert "crash" in junit_xml.read_text()
 
 
+UNLOADABLE = '''
+import os
+import signal
+from conformance.backends import Backend, register_backend
+
+
+def _resolve(spec):  # loading the engine's ops: a build this CPU cannot run
+    os.kill(os.getpid(), signal.SIGILL)
+
+
+register_backend(Backend("doomed", _resolve, lambda: "cpu", lambda: "native", engine=True))
+'''
+
+
+def test_a_backend_that_dies_loading_is_one_line_and_the_others_run(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(UNLOADABLE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)]), "SPECDIFF_VLLM": "0.33.0",
+           "SPECDIFF_FAILURES": str(tmp_path / "failures")}
+    report = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--profile", "dev", "--kernel", "expand_kernel",
+                           "--kernel", "rejection_greedy_sample_kernel", "--backend", "doomed", "--backend", "cpu",
+                           "--no-require-coverage", "--report", str(report)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "doomed: cannot load: killed the process (SIGILL) while loading, before any case" in done.stdout
+    assert "CRASH of" not in done.stdout  # no kernel is blamed
+    data = json.loads(report.read_text())
+    assert data["unloadable"] == {"doomed": "killed the process (SIGILL) while loading, before any case"}
+    assert {k: v["cpu"]["status"] for k, v in data["kernels"].items()} == {"expand_kernel": "pass", "rejection_greedy_sample_kernel": "pass"}
+    assert not (tmp_path / "failures").exists()
+
+
 @pytest.mark.parametrize("kernel", ["sample_recovered_tokens_kernel", "eagle_step_slot_mapping_metadata_kernel",
                                     "copy_and_expand_eagle_inputs_kernel", "_compute_local_logits_stats_kernel"])
 def test_show_prints_source_that_rebuilds_the_saved_case_bit_for_bit(kernel, tmp_path):
