@@ -326,7 +326,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
                     print(f"  {name}: " + ", ".join(f"{h} {n}" for h, n in hz.items()))
         if found is not None:
             found.save({"backends": backends})
-            listed = findings_mod.expected(ns.expected) if engine_run else []
+            listed = findings_mod.expected(ns.expected, engine.release()) if engine_run else []
             unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in names and not e.kind.startswith("asan")]
             report["vllm"] = engine.named()
             report["findings"] = [f.to_json() for f in found]
@@ -425,12 +425,22 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     if Path(ns.path).is_dir():
         return _replay_recording(ns)
     case = load_case(ns.path)
+    # The file may name the engine it came from; loading it (which executes its code) is for the
+    # person to ask for with --vllm, never for a file to decide.
     recorded = case.meta.get("vllm") if isinstance(case.meta.get("vllm"), str) else None
-    if ns.vllm or recorded:
-        engine.use(ns.vllm or recorded)
-    backends = ns.backend or [
-        b for b in case.meta.get("backends", []) if isinstance(b, str) and b in BACKENDS
-    ] or [b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec)]
+    if ns.vllm:
+        engine.use(ns.vllm)
+    elif recorded:
+        print(f"this case was saved from vLLM {recorded!r}'s engine backends; to replay them, pass --vllm with a vLLM "
+              "you trust (loading one executes its code)")
+    named = [b for b in case.meta.get("backends", []) if isinstance(b, str) and b in BACKENDS and (ns.vllm or not BACKENDS[b].engine)]
+    named = named if set(named) - {ORACLE} else []  # the engine's alone were named: every built-in backend instead
+    backends = ns.backend or named or [b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec)]
+    backends = list(dict.fromkeys([ORACLE, *backends]))  # like run: the oracle always judges
+    missing = [b for b in backends if BACKENDS[b].unavailable() is None and not BACKENDS[b].resolve(case.spec)]
+    if missing:
+        raise ValueError(f"backend {missing[0]!r} has no {case.kernel}: pick among "
+                         f"{', '.join(b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec))}")
     if len(set(backends)) < 2:
         raise ValueError(f"replay needs two backends to compare, got {', '.join(backends) or 'none'}: name them with --backend")
     print(f"replaying {case.kernel} on {', '.join(f'{b} ({_backend_mode(b)})' for b in backends)}")
@@ -532,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     replay = sub.add_parser("replay", help="re-run one saved case, or every launch recorded under a directory")
     replay.add_argument("path", help="a saved case, or a directory of launches recorded with SPECDIFF_RECORD")
     replay.add_argument("--backend", action="append", type=backend_name, help="only this backend (default: the backends the case was saved from)")
-    replay.add_argument("--vllm", metavar="VERSION|PATH", help="the vLLM for the engine backends (default: the one recorded in the case)")
+    replay.add_argument("--vllm", metavar="VERSION|PATH",
+                        help="the vLLM for the engine backends; its code runs (a case file only names the vLLM it came from)")
     replay.set_defaults(func=cmd_replay)
     listing = sub.add_parser("list", help="kernels and the backends that implement them")
     listing.add_argument("--vllm", metavar="VERSION|PATH", help="include vLLM's own kernels and CPU port from here")

@@ -103,10 +103,12 @@ class Expected:
     kind: str
     rule: str
     defect: str
+    releases: tuple[str, ...] = ()  # only these vLLM releases have it; empty: every release checked
 
 
-def expected(path: str | Path | None = None) -> list[Expected]:
-    """The engine's known defects (conformance/engine/expected.toml, or ``path``): data, never code."""
+def expected(path: str | Path | None = None, release: str | None = None) -> list[Expected]:
+    """The engine's known defects (conformance/engine/expected.toml, or ``path``): data, never code.
+    With ``release``, the entries that apply to it (an entry naming ``releases`` applies to those alone)."""
     text = Path(path).read_text() if path else resources.files("conformance.engine").joinpath("expected.toml").read_text()
     entries = tomllib.loads(text).get("finding", [])
     out = []
@@ -114,7 +116,12 @@ def expected(path: str | Path | None = None) -> list[Expected]:
         missing = [k for k in ("id", "kernel", "backend", "output", "kind", "rule", "defect") if not isinstance(e.get(k), str)]
         if missing:
             raise ValueError(f"expected findings: entry {e.get('id', '?')!r} lacks string field(s) {', '.join(missing)}")
-        out.append(Expected(e["id"], e["kernel"], e["backend"], e["output"], e["kind"], e["rule"], e["defect"]))
+        releases = e.get("releases", [])
+        if not (isinstance(releases, list) and all(isinstance(r, str) for r in releases)):
+            raise ValueError(f"expected findings: entry {e['id']!r}: 'releases' must be a list of release strings")
+        if releases and release not in releases:
+            continue
+        out.append(Expected(e["id"], e["kernel"], e["backend"], e["output"], e["kind"], e["rule"], e["defect"], tuple(releases)))
     return out
 
 

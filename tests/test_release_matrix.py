@@ -42,3 +42,20 @@ def test_releases_and_vllm_together_are_refused(capsys):
 def test_the_child_runs_keep_every_other_option():
     argv = ["run", "--releases", "0.30.0,0.32.0", "--profile", "dev", "--report=r/x.json", "--junit", "j.xml", "--kernel", "k"]
     assert cli._without(argv[1:], "--releases", "--report", "--junit") == ["--profile", "dev", "--kernel", "k"]
+
+
+def test_an_expected_finding_of_some_releases_applies_to_those_alone(tmp_path):
+    from conformance.findings import expected
+
+    path = tmp_path / "expected.toml"
+    path.write_text('[[finding]]\nid = "A"\nkernel = "k"\nbackend = "vllm-cpu"\noutput = "-"\nkind = "signature"\nrule = ""\n'
+                    'defect = "only there"\nreleases = ["0.32.0"]\n\n'
+                    '[[finding]]\nid = "B"\nkernel = "k"\nbackend = "vllm-cpu"\noutput = "o"\nkind = "value"\nrule = ""\n'
+                    'defect = "everywhere"\n')
+    assert [e.id for e in expected(path, "0.32.0")] == ["A", "B"]
+    assert [e.id for e in expected(path, "0.33.0")] == ["B"]
+    path.write_text(path.read_text().replace('releases = ["0.32.0"]', 'releases = "0.32.0"'))
+    import pytest
+
+    with pytest.raises(ValueError, match="'releases' must be a list"):
+        expected(path, "0.32.0")

@@ -262,10 +262,38 @@ def test_a_malformed_replay_file_is_one_clean_error_line(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_a_replay_on_one_backend_is_refused(tmp_path, capsys):
+def test_a_replay_adds_the_oracle_like_run(tmp_path, capsys):
     path = save_case(_case(), tmp_path / "case.safetensors")
-    assert cli.main(["replay", str(path), "--backend", "cpu"]) == 2
-    assert "replay needs two backends to compare, got cpu" in capsys.readouterr().err
+    assert cli.main(["replay", str(path), "--backend", "cpu"]) == 0
+    assert "on reference (oracle), cpu" in capsys.readouterr().out
+    assert cli.main(["replay", str(path), "--backend", "reference"]) == 2
+    assert "replay needs two backends to compare, got reference" in capsys.readouterr().err
+
+
+def test_a_replay_names_a_backend_without_the_kernel_in_one_line(tmp_path, capsys):
+    path = save_case(_case(), tmp_path / "case.safetensors")  # triton-split has only K4
+    assert cli.main(["replay", str(path), "--backend", "triton-split"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: backend 'triton-split' has no rejection_greedy_sample_kernel: pick among") and err.count("\n") == 1
+
+
+def test_a_case_file_never_makes_replay_load_code(tmp_path, capsys):
+    """A case may name the vLLM it came from; replay loads none because a file says so."""
+    from conformance import engine
+
+    evil = tmp_path / "evil"
+    marker = tmp_path / "ran"
+    (evil / "vllm").mkdir(parents=True)
+    (evil / "vllm" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    for module in ("v1/sample/rejection_sampler.py", "utils/cpu_triton_utils.py", "triton_utils/dispatcher.py"):
+        (evil / "vllm" / module).parent.mkdir(parents=True, exist_ok=True)
+        (evil / "vllm" / module).write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    path = save_case(_case(), tmp_path / "case.safetensors", {"vllm": str(evil), "backends": ["reference", "vllm-cpu", "vllm"]})
+    before = engine.named()
+    assert cli.main(["replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"saved from vLLM {str(evil)!r}'s engine backends; to replay them, pass --vllm" in out
+    assert not marker.exists() and engine.named() == before
 
 
 # -- a backend that kills the process (conformance/isolate.py) --------------------------------------

@@ -56,6 +56,14 @@ def located() -> VllmSource:
     return locate(spec)
 
 
+def release() -> str | None:
+    """The release of the named vLLM (its ``_version.py``), or None when none is named or readable."""
+    try:
+        return located().release if named() else None
+    except SourceError:
+        return None
+
+
 @functools.cache
 def loader() -> Any:
     from conformance.engine.kernels import KernelLoader
