@@ -329,8 +329,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
             listed = findings_mod.expected(ns.expected, engine.release()) if engine_run else []
             unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in names and not e.kind.startswith("asan")]
             report["vllm"] = engine.named()
-            report["findings"] = [f.to_json() for f in found]
-            _print_findings(found, unseen)
+            report["findings"] = [{**f.to_json(), "release": engine.release()} for f in found]
+            _print_findings(found, unseen, engine.release() if engine_run else None)
     except BaseException as err:
         report["incomplete"] = f"the run stopped after {len(results)} of {len(names)} kernels: {type(err).__name__}: {err}"
         raise
@@ -357,9 +357,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _print_findings(found: Findings, unseen: list[findings_mod.Expected]) -> None:
+def _print_findings(found: Findings, unseen: list[findings_mod.Expected], release: str | None = None) -> None:
     groups = list(found)
-    print(f"\nfindings ({len(groups)} groups; status, kernel x backend, kind, rule, cases):")
+    against = f" against vLLM {release}" if release else ""
+    print(f"\nfindings{against} ({len(groups)} groups; status, kernel x backend, kind, rule, cases):")
     for f in groups:
         print("  " + f.headline())
     for f in groups:
