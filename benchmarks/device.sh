@@ -14,7 +14,7 @@
 #                 kernel at 1, 64, 256 requests, 1 and all threads; needs SPECDIFF_VLLM)  330 s
 #     gpu-engine  our compiled Triton beside vLLM's (benchmarks/gpu_engine.py; SPECDIFF_VLLM)  300 s
 #
-# One call of the lent machine holds 10 minutes, so the engine comparison is a second call:
+# One call of the device holds 10 minutes, so the engine comparison is a second call:
 #
 #     bash benchmarks/device.sh
 #     STEPS="engine gpu-engine" SPECDIFF_VLLM=$PWD/.cache/vllm-min bash benchmarks/device.sh

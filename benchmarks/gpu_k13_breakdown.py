@@ -6,9 +6,9 @@ variants other than ours compute other numbers.
 
     python benchmarks/gpu_k13_breakdown.py          (needs a CUDA GPU)
 
-Session 14's H200 run (docs/gpu/k13-breakdown-h200-s14.txt): the two passes cost no more than one
-read (the second hits L2), and ``exp_units`` adds a third: K13 is bound by its arithmetic. Session 19
-added the int64-column and unmasked variants (K13 had formed its columns in int64 until then).
+On an H200 (docs/benchmarks.md) the two passes cost no more than one read (the second hits L2), and
+``exp_units`` adds a third: K13 is bound by its arithmetic. The int64-column and unmasked variants
+measure the column forms K13 used before.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from triton_impl.gumbel import div_by_lanes, exp_units, reciprocal, units_to_flo
 def two_pass(out_ptr, x_ptr, stride, n, temp, BLOCK: tl.constexpr, SLICE: tl.constexpr, TRIVIAL: tl.constexpr,
              WIDE: tl.constexpr, MASKED: tl.constexpr, DIVIDE: tl.constexpr):
     # K13's shape: a maximum pass, then an exact-sum pass over the same slices (the second read hits
-    # L2). WIDE forms the columns in int64 (K13 until session 19: 64-bit masks on every element).
+    # L2). WIDE forms the columns in int64 (K13's earlier form: 64-bit masks on every element).
     # DIVIDE: 0 the target's sum, 1 the draft's (div_by_lanes and its range check, as K13), 2 a
     # multiply by the reciprocal alone (not the contract's division: its cost for comparison).
     r = tl.program_id(0).to(tl.int64)

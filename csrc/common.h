@@ -24,8 +24,7 @@ namespace py = pybind11;
 // join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
 constexpr std::int64_t kParallelSmallRows = 16384;
 // Tokens from which the per-token copies of K8 and K9 (several ids, positions and slots each) fork
-// the whole team, on 2 cores and on the lent machine's 16 alike (there, the dflash copy of 1024
-// requests: 1.05-1.14x vLLM's port forked, 0.68-0.78x serial).
+// the whole team, on 2 cores and on 16 alike (docs/benchmarks.md: the dflash copy of 1024 requests).
 constexpr std::int64_t kParallelCopyTokens = 4096;
 // Rows that each gather from a large table (a cache miss per draft: K2's probabilities) or stream a
 // vocabulary row are worth threads far sooner.
@@ -41,10 +40,8 @@ constexpr std::int64_t kParallelGatherRows = 256;
 inline bool parallel_if(bool wanted) { return SPECDIFF_FORCE_PARALLEL || wanted; }
 
 // Whether `work` items give every thread of the team `per_thread` or more. A fork and join costs
-// about a microsecond on 2 cores and several on the lent machine's 16 (K5 at 1024 rows there:
-// serial 0.98-1.21x vLLM's port, the whole team 0.94x; two threads of the sixteen, 30 us against
-// 14 us serial), so the threshold grows with the team: 2 cores fork for a batch the lent machine
-// runs serially.
+// about a microsecond on 2 cores and several on 16 (docs/benchmarks.md), so the threshold grows with
+// the team: 2 cores fork for a batch that 16 run serially.
 inline bool worth_team(std::int64_t work, std::int64_t per_thread) {
   return parallel_if(work / omp_get_max_threads() >= per_thread);
 }

@@ -23,9 +23,8 @@ constexpr const char* kExpand = "copy_and_expand_eagle_inputs_kernel";
 
 // K6 and K7 touch a few values per row and go parallel at kParallelSmallRows: at 256 rows the fork
 // and join was half of K6's time. K5 forks once each thread of the team gets kStepRowsPerThread rows
-// (worth_team): a team of 16 took 13 us for 256 rows on the lent machine against 6 us on one thread
-// (its block-table gathers are a cache miss each, but one thread overlaps hundreds), while 2 threads
-// for 1024 rows take 5.4 us against 6.2 us on the 2-core machine.
+// (worth_team): on 16 cores a team took twice one thread's time for 256 rows (its block-table
+// gathers are a cache miss each, but one thread overlaps hundreds); on 2 cores, 1024 rows gain.
 constexpr std::int64_t kStepRowsPerThread = 512;
 
 void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std::int64_t block_table_stride,

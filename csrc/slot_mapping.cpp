@@ -19,8 +19,8 @@ namespace {
 
 constexpr const char* kSlots = "compute_slot_mapping_kernel";
 
-// Tokens worth a thread of their own (worth_team): on the lent machine's 16 cores a team for 1024
-// requests (5120 tokens) gained nothing over one thread, on 2 cores it gains a third.
+// Tokens worth a thread of their own (worth_team): on 16 cores a team for 1024 requests (5120
+// tokens) gained nothing over one thread; on 2 cores it gains a third.
 constexpr std::int64_t kSlotTokensPerThread = 2048;
 
 

@@ -12,7 +12,7 @@ import torch
 from conformance.runner import Case
 
 # D1 (conformance/engine/expected.toml): vLLM's CPU port leaves a float32 expand output unwritten
-# (its adapter writes into an int64 copy). Found by `nox -s engine`, session 15.
+# (its adapter writes into an int64 copy). Found by `nox -s engine`.
 D1 = Case(
     "expand_kernel",
     {

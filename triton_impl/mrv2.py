@@ -92,11 +92,9 @@ def _is_bonus_logit(expanded_local_pos_ptr, logit_idx, num_logits):
     return nxt == 0
 
 
-# Launch options, not parameters. At the call site's 8192 columns: 8 warps (0.103 against 0.106 ms at
-# 64 requests on an H200, session 21), held to 56 registers a thread, so that four programs share an
-# SM where Triton 3.6 gave them 80 (three): 0.097 against 0.103 ms at 64 requests, 0.358 against
-# 0.378 at 256, and 0.119 against 0.127 ms at temperature 0.7, with no spills (docs/benchmarks.md,
-# session 22). Triton 3.9 allots 64 unasked.
+# Launch options, not parameters. At the call site's 8192 columns: 8 warps held to 56 registers a
+# thread, so that four programs share an SM where Triton 3.6 gave them 80 (three), with no spills
+# (timings: docs/benchmarks.md). Triton 3.9 allots 64 unasked.
 @triton.heuristics({
     "num_warps": lambda a: 8 if a["BLOCK_SIZE"] >= 8192 else 4,
     "maxnreg": lambda a: 56 if a["BLOCK_SIZE"] == 8192 else None,
@@ -687,9 +685,8 @@ def _resample_at_call_site(a: dict) -> bool:
 
 
 # Launch options, not parameters. At the call site: 2 warps held to 80 registers a thread (Triton 3.6
-# gave 4 warps 80, six programs an SM; these are twelve, spilling 136 bytes a thread): 0.048-0.049
-# against 0.057 ms at 64 requests on an H200, 0.165 against 0.203 at 256, where vLLM's kernel takes
-# 0.049 and 0.177 (docs/benchmarks.md, session 22).
+# gave 4 warps 80, six programs an SM; these are twelve, spilling 136 bytes a thread; timings:
+# docs/benchmarks.md).
 @triton.heuristics({
     "num_warps": lambda a: 2 if _resample_at_call_site(a) else 4,
     "maxnreg": lambda a: 80 if _resample_at_call_site(a) else None,
