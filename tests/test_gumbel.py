@@ -322,8 +322,11 @@ def test_exp32_nonpositive_is_exp32_where_it_applies():
     tri._exp_nonpositive_probe_kernel[(-(-x.numel() // BLOCK),)](got, x.to(device()), x.numel(), BLOCK=BLOCK)
     assert_bits_equal("exp32_nonpositive cpu lanes", want, lanes)
     assert_bits_equal("exp32_nonpositive triton", want, got.cpu())
+    # buf() hands the C++ a raw pointer: the tensors must outlive the call (temporaries would be freed
+    # before it, and the port would read and write freed memory).
+    out, positive = torch.empty(1), torch.tensor([0.5])
     with pytest.raises(ValueError, match="'x'"):
-        _C.gumbel.exp_nonpositive(buf(torch.empty(1)), buf(torch.tensor([0.5])))
+        _C.gumbel.exp_nonpositive(buf(out), buf(positive))
 
 
 def test_exp_units_are_the_fixed_point_of_exp32():

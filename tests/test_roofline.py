@@ -23,7 +23,8 @@ def test_every_element_is_read(threads, streams):
 
 
 def test_bad_arguments_are_named():
+    ones, wide = torch.ones(64), torch.ones(64, dtype=torch.float64)  # alive across the calls: buf() is a raw pointer
     with pytest.raises(ValueError, match="'streams'"):
-        _C.roofline.read_streams(buf(torch.ones(64)), 0)
+        _C.roofline.read_streams(buf(ones), 0)
     with pytest.raises(TypeError, match="'x'"):
-        _C.roofline.read_streams(buf(torch.ones(64, dtype=torch.float64)), 2)
+        _C.roofline.read_streams(buf(wide), 2)
