@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark run for the lent GPU machine (16 host cores, one GPU), from the repo root:
+# The benchmark run for a GPU machine (16 host cores, one GPU), from the repo root:
 #
 #     bash benchmarks/device.sh
 #
@@ -19,15 +19,15 @@
 #     bash benchmarks/device.sh
 #     STEPS="engine gpu-engine" SPECDIFF_VLLM=$PWD/.cache/vllm-min bash benchmarks/device.sh
 #
-# Writes under $OUT (default ./device-out): log.txt (machine, compiler, build and pytest output),
+# Writes under $OUT (default reports/device): log.txt (machine, compiler, build and pytest output),
 # cpu.json, gpu.json, engine.json (pytest-benchmark JSON), report/summary.md (the tables and the
-# issues' targets checked, the engine's side by side), report/gpu-engine.md and .json, plots.
+# targets checked, the engine's side by side), report/gpu-engine.md and .json, plots.
 # Each step has its own timeout (build 90 s, report 30 s), and a step that fails does not stop the
 # later ones. A test still running after 100 s prints every thread's stack (pytest's faulthandler),
 # so a cut-off log says where it was.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/device-out}"
+OUT="${OUT:-$PWD/reports/device}"
 mkdir -p "$OUT/report"
 export SPECDIFF_BENCH_BUDGET="${SPECDIFF_BENCH_BUDGET:-0.6}"  # seconds per benchmark
 LOG="$OUT/log.txt"

@@ -73,18 +73,18 @@ def async_args(b: int) -> dict[str, Any]:
 
 def measure(kernel: str, b: int, backends: list[str], reps: int) -> dict[str, Any]:
     import contracts
-    from conformance.runner import _bits, _copy_args
+    from conformance.runner import bits, copy_args
 
     spec = contracts.get(kernel)
     host = fly_args(kernel, b) if kernel != K21 else async_args(b)
     name = INOUT[kernel]
-    want = _copy_args(host, "cpu")
+    want = copy_args(host, "cpu")
     resolve_kernel("reference", spec)[1](**want)
     row: dict[str, Any] = {"kernel": kernel, "requests": b}
     for backend in backends:
         be, k = resolve_kernel(backend, spec)
         cuda = be.device() == "cuda"
-        args = _copy_args(host, be.device())
+        args = copy_args(host, be.device())
         fresh = args[name].clone()
         grid = tuple(spec.grid(host))
         run = be.launcher(k, grid)
@@ -92,7 +92,7 @@ def measure(kernel: str, b: int, backends: list[str], reps: int) -> dict[str, An
         row[f"{backend}_ms"] = median_ms(lambda args=args, fresh=fresh, run=run: (args[name].copy_(fresh), run(**args)), cuda, reps)
         args[name].copy_(fresh)
         run(**args)
-        same = bool(torch.equal(_bits(args[name].cpu()), _bits(want[name])))
+        same = bool(torch.equal(bits(args[name].cpu()), bits(want[name])))
         row[f"{backend}_equals_oracle"] = same
     print(json.dumps(row), flush=True)
     return row

@@ -6,7 +6,7 @@ PyTorch oracle on the same GPU, and GB/s against this run's device-copy bandwidt
 ``nox -s bench`` runs it when a GPU is present. For ``sample_recovered_tokens_kernel`` it times the
 engine's layout (one program per draft row, the ``triton`` backend) and the split-vocabulary
 layout behind the ``sample_recovered_tokens`` composition (``triton-split``), checks both against
-the oracle bit for bit after timing, and prints the issue's targets with the measured values.
+the oracle bit for bit after timing, and prints the targets with the measured values.
 Bytes moved come from the kernel's ``KernelSpec.bytes_moved``; the copy roofline counts bytes
 read plus written.
 """

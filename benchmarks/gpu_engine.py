@@ -11,9 +11,9 @@ graph: the device's time alone, as vLLM's graph-captured steps run them). The ra
 over ours: above 1, ours is faster. Before timing, ours must equal the oracle bit for bit; vLLM's
 outputs are compared with ours, and a difference is reported with the ratio (not like for like).
 
-Targets (issue #16): the engine layout of ``sample_recovered_tokens_kernel`` at least as fast as
+Targets (docs/benchmarks.md): the engine layout of ``sample_recovered_tokens_kernel`` at least as fast as
 vLLM's at every size and the split layout (``triton-split``) at least 6x vLLM's at 1 x 8, both under
-``do_bench`` (the issue's measure: a stream from DRAM); every other kernel within 3 % of vLLM's or
+``do_bench`` (the targets' measure: a stream from DRAM); every other kernel within 3 % of vLLM's or
 faster in graph time (a 1-2 us kernel's ``do_bench`` is mostly its cold start and moves by 10 % from
 run to run; its device time does not). Exit status 2 when a target is missed, 1 on a wrong output.
 """
@@ -36,7 +36,7 @@ from test_bench_rejection import recovered_case  # noqa: E402
 
 import contracts  # noqa: E402
 from conformance.backends import BACKENDS, resolve_kernel  # noqa: E402
-from conformance.runner import _bits, _copy_args  # noqa: E402
+from conformance.runner import bits, copy_args  # noqa: E402
 
 K4 = "sample_recovered_tokens_kernel"
 SLACK = 0.97  # "within 3 %"
@@ -82,17 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         for b, n, inv_q in sizes(kernel, requests):
             case = case_of(kernel, b, n, inv_q)
             be, oracle_kernel = resolve_kernel("reference", spec)
-            oracle = _copy_args(case.args, "cpu")
+            oracle = copy_args(case.args, "cpu")
             be.launcher(oracle_kernel, case.grid)(**oracle)
             expected = outputs(spec, oracle)
             row: dict[str, Any] = {"kernel": kernel, "requests": b, "drafts": n, "inv_q": inv_q, "grid": list(case.grid)}
             for name in layouts:
                 be, k = resolve_kernel(name, spec)
-                args = _copy_args(case.args, "cuda")
+                args = copy_args(case.args, "cuda")
                 launch = be.launcher(k, case.grid)
                 launch(**args)
                 torch.cuda.synchronize()
-                differ = sum(int((_bits(v) != _bits(expected[o])).sum()) for o, v in outputs(spec, args).items())
+                differ = sum(int((bits(v) != bits(expected[o])).sum()) for o, v in outputs(spec, args).items())
                 row[f"{name}_cells_differing"] = differ
                 if differ and name != "vllm":
                     print(f"MISMATCH: {name} {kernel} {b}x{n} {inv_q} differs from the oracle in {differ} cells")

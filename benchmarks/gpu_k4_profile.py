@@ -1,6 +1,6 @@
 """Where the time of ``sample_recovered_tokens_kernel`` at small batches goes, profiled: each layout's
 kernel duration as the GPU records it (CUPTI, through ``torch.profiler``) beside the event-timed
-``do_bench`` figure the targets of issue #16 use, cold (L2 flushed before every launch, as
+``do_bench`` figure the GPU targets use, cold (L2 flushed before every launch, as
 ``do_bench`` does) and warm.
 
     SPECDIFF_VLLM=PATH python benchmarks/gpu_k4_profile.py [--out reports/gpu] [--sizes 1x8,8x4,64x4]
@@ -33,7 +33,7 @@ from test_bench_rejection import recovered_case  # noqa: E402
 
 import contracts  # noqa: E402
 from conformance.backends import BACKENDS, resolve_kernel  # noqa: E402
-from conformance.runner import _copy_args  # noqa: E402
+from conformance.runner import copy_args  # noqa: E402
 
 K4 = "sample_recovered_tokens_kernel"
 LAYOUTS = ("vllm", "triton", "triton-split")
@@ -96,13 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             b, n = (int(x) for x in size.split("x"))
             case = recovered_case(b, n, V, dtype)
             oracle_backend, oracle = resolve_kernel("reference", spec)
-            expected = _copy_args(case.args, "cpu")
+            expected = copy_args(case.args, "cpu")
             oracle_backend.launcher(oracle, case.grid)(**expected)
             want = expected["output_token_ids_ptr"]
             row: dict[str, Any] = {"requests": b, "drafts": n, "inv_q": dtype}
             for name in LAYOUTS:
                 be, k = resolve_kernel(name, spec)
-                a = _copy_args(case.args, "cuda")
+                a = copy_args(case.args, "cuda")
                 launch = be.launcher(k, case.grid)
 
                 def run(a: dict[str, Any] = a, launch: Any = launch) -> None:

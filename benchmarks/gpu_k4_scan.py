@@ -29,7 +29,7 @@ from test_bench_rejection import recovered_case  # noqa: E402
 
 import contracts  # noqa: E402
 from conformance.backends import BACKENDS  # noqa: E402
-from conformance.runner import _copy_args  # noqa: E402
+from conformance.runner import copy_args  # noqa: E402
 from triton_impl.rejection import sample_recovered_tokens_kernel  # noqa: E402
 
 SIZES = [(1, 8), (8, 4), (64, 4), (128, 4), (256, 4), (1024, 4)]
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for dtype in ns.dtypes.split(","):
         for b, n in SIZES:
-            a = _copy_args(recovered_case(b, n, V, dtype).args, "cuda")
+            a = copy_args(recovered_case(b, n, V, dtype).args, "cuda")
             grid = (b, n)
             vllm[grid](**a)
             want = a["output_token_ids_ptr"].clone()

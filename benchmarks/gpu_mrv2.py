@@ -30,7 +30,7 @@ from test_bench_mrv2 import batch  # noqa: E402
 import compositions.sampler as compositions  # noqa: E402
 import contracts  # noqa: E402
 from conformance.backends import BACKENDS, resolve_kernel  # noqa: E402
-from conformance.runner import _bits, _copy_args  # noqa: E402
+from conformance.runner import bits, copy_args  # noqa: E402
 
 # K18 turns the accepted counts into emitted counts in place (num_sampled + 1): run again on its own
 # output it writes a row further each time, past the end of `sampled`. Validated, not timed.
@@ -62,14 +62,14 @@ def main(argv: list[str] | None = None) -> int:
             for name in backends:
                 print(f"{kernel} B={b} on {name}", flush=True)
                 be, k = resolve_kernel(name, spec)
-                args = _copy_args(before, "cuda")
+                args = copy_args(before, "cuda")
                 run = be.launcher(k, grid)
                 if kernel not in REPEATS_CHANGE_INPUTS:
                     row[f"{name}_ms"] = do_bench(lambda run=run, args=args: run(**args), warmup=25, rep=200, return_mode="median")
-                args = _copy_args(before, "cuda")  # re-validate on fresh inputs (in-place kernels)
+                args = copy_args(before, "cuda")  # re-validate on fresh inputs (in-place kernels)
                 run(**args)
                 torch.cuda.synchronize()
-                differing = sum(int((_bits(args[n].cpu()) != _bits(w)).sum()) for n, w in want.items())
+                differing = sum(int((bits(args[n].cpu()) != bits(w)).sum()) for n, w in want.items())
                 row[f"{name}_cells_differing"] = differing
                 if name == "triton" and differing:
                     print(f"MISMATCH: our {kernel} differs from the C++ port in {differing} cells at {b} requests")

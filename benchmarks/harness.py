@@ -29,7 +29,7 @@ import torch
 
 import contracts
 from conformance.backends import BACKENDS, ORACLE
-from conformance.runner import _bits, _copy_args, poison_value
+from conformance.runner import bits, copy_args, poison_value
 from contracts.spec import KernelSpec, Role
 
 # Time one benchmark may take (its warm-up, then the timed rounds), by sweep.
@@ -251,8 +251,8 @@ def require_memory(nbytes: int, what: str) -> None:
 
 def assert_same(name: str, got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     got, want = got.cpu(), want.cpu()
-    if got.shape != want.shape or not torch.equal(_bits(got), _bits(want)):
-        diff = (_bits(got).reshape(-1) != _bits(want).reshape(-1)).nonzero()
+    if got.shape != want.shape or not torch.equal(bits(got), bits(want)):
+        diff = (bits(got).reshape(-1) != bits(want).reshape(-1)).nonzero()
         first = int(diff[0]) if diff.numel() else -1
         raise AssertionError(f"{what}: output '{name}' differs from the oracle (first at flat element {first})")
 
@@ -518,7 +518,7 @@ def bench_kernel(
     device = b.device()
     poison(case)
     initial = snapshot(case.args, case.spec)
-    args = _copy_args(case.args, device) if device != "cpu" else case.args  # strides and aliasing kept
+    args = copy_args(case.args, device) if device != "cpu" else case.args  # strides and aliasing kept
     launch = functools.partial(b.launcher(kernel, case.grid), **args)
     sync = torch.cuda.synchronize if device == "cuda" else None
     n = threads or cores()

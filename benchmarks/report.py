@@ -3,7 +3,7 @@
     python benchmarks/report.py reports/bench/bench.json [more.json ...] [--out reports/bench] [--title NAME]
     python benchmarks/report.py --noise run1.json run2.json run3.json --write benchmarks/baseline/gate.json
 
-Writes ``summary.md`` (the machine, its roofline, one table per kernel family and the issue's
+Writes ``summary.md`` (the machine, its roofline, one table per kernel family and the
 targets checked) and, when matplotlib is importable, ``speedup.png`` (speed-up over the oracle by
 batch size), ``threads.png`` (thread scaling) and ``roofline.png`` (GB/s against the roofline).
 """
@@ -16,12 +16,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-# The issue's targets (docs/benchmarks.md quotes them).
+# The targets (docs/benchmarks.md quotes them).
 READ_FRACTION = 0.85
 SMALL_SPEEDUP = 10.0
 WRAPPER_US = 10.0
 SCALING = {2: 1.8, 16: 6.0}  # threads -> speed-up over one thread, at 1 request x 8 drafts x 152k
-# The issue's "small kernels" (greedy, expand, Eagle preparation): the 10x and wrapper targets.
+# The "small kernels" (greedy, expand, Eagle preparation): the 10x and wrapper targets.
 SMALL_KERNELS = {"rejection_greedy_sample_kernel", "expand_kernel", "eagle_prepare_inputs_padded_kernel",
                  "eagle_prepare_next_token_padded_kernel"}
 
@@ -130,7 +130,7 @@ def targets(machine: dict[str, Any], rows: list[dict[str, Any]], oracle: dict[tu
                            f"({_t(r['min_s'])} vs {_t(o)}){port} | {'met' if s >= SMALL_SPEEDUP else 'NOT met'} |")
     for r in rows:
         if r.get("test") == "test_launch_overhead":
-            # The issue's wrapper target is the small kernels'; K2's and K4's are reported beside it.
+            # The wrapper target is the small kernels'; K2's and K4's are reported beside it.
             small = r["kernel"] in SMALL_KERNELS
             w = r["wrapper_us"]
             verdict = ("met" if w < WRAPPER_US else "NOT met") if small else "- (no target: not a small kernel)"

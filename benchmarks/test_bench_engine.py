@@ -252,10 +252,10 @@ def interleaved(variants: dict[str, Callable[[], Any]], budget_s: float, cold: b
 
 def _equal(spec: Any, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     """Outputs whose bits differ between two runs of the same launch."""
-    from conformance.runner import _bits
+    from conformance.runner import bits
 
     return [p.name for p in spec.outputs if isinstance(want.get(p.name), torch.Tensor)
-            and not torch.equal(_bits(got[p.name]), _bits(want[p.name]))]
+            and not torch.equal(bits(got[p.name]), bits(want[p.name]))]
 
 
 def test_engine(benchmark, request, roofline, kernel, B, N, dtype, threads):

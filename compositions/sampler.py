@@ -16,7 +16,7 @@ import torch
 
 import contracts
 from conformance.backends import resolve_kernel
-from conformance.runner import _copy_args, poison_value
+from conformance.runner import copy_args, poison_value
 from contracts.spec import cdiv, next_power_of_2
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -42,7 +42,7 @@ def launch(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> Non
     b, k = resolve_kernel(backend, spec)
     device = b.device()
     # On another device: copies that keep aliasing and strides, and every output copied back.
-    moved = args if device == "cpu" else _copy_args(args, device)
+    moved = args if device == "cpu" else copy_args(args, device)
     b.launcher(k, grid)(**moved)
     if moved is not args:
         for p in spec.outputs:

@@ -1,11 +1,12 @@
 """Backends register on the kernel contracts by name; the runner launches whatever is registered.
 
-A backend is a way to get, for a :class:`KernelSpec`, an object launched as
-``kernel[grid](**args)``. The three built-in backends resolve the kernel by its vLLM name in
-their own module of the kernel's family (``reference.rejection``, ``triton_impl.rejection``,
-``cpu_impl.rejection``). A fourth backend — an engine's own kernels, say — registers with
-:func:`register_backend`, or from another package through the ``specdiff.backends`` entry-point
-group, without editing this file.
+A backend (:class:`conformance.backend.Backend`) is a way to get, for a :class:`KernelSpec`, an
+object launched as ``kernel[grid](**args)``. The three built-in backends resolve the kernel by its
+vLLM name in their own module of the kernel's family (``reference.rejection``,
+``triton_impl.rejection``, ``cpu_impl.rejection``). The engine's (conformance/engine) are registered
+here after them. A further backend registers with :func:`register_backend`, or from another package
+through the ``specdiff.backends`` entry-point group, without editing this file. Importing this module
+registers every one of them.
 """
 
 from __future__ import annotations
@@ -13,72 +14,14 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from conformance import engine
+from conformance.backend import Backend
 from contracts.spec import KernelSpec
-
-
-@dataclass(frozen=True)
-class Capability:
-    """Cases a backend declares it does not support (data: a name, the kernels, a test, the reason).
-
-    Such a case is still launched: a refusal with a Python exception is counted ``unsupported``,
-    never ``fail``; outputs the backend does produce are compared like any other.
-    """
-
-    name: str
-    kernels: tuple[str, ...] | None  # None: every kernel
-    when: Callable[[KernelSpec, Mapping[str, Any]], bool]
-    reason: str
-
-    def covers(self, spec: KernelSpec, args: Mapping[str, Any]) -> bool:
-        return (self.kernels is None or spec.name in self.kernels) and bool(self.when(spec, args))
-
-
-@dataclass(frozen=True)
-class Backend:
-    name: str
-    # Returns the kernel object for ``spec`` or None when this backend does not implement it.
-    resolve: Callable[[KernelSpec], Any]
-    # Device the backend's tensors live on: "cpu" or "cuda".
-    device: Callable[[], str]
-    # How it runs, for reports: "oracle", "native", "compiled", "interpreted".
-    mode: Callable[[], str]
-    # None when usable here, else why not.
-    unavailable: Callable[[], str | None] = lambda: None
-    # The oracle is a plain function: called as kernel(**args), not kernel[grid](**args).
-    gridless: bool = False
-    # A backend that replaces only some kernels of another: compositions take the rest from
-    # ``base``; conformance checks only the kernels it implements itself.
-    base: str | None = None
-    # Refuses out-of-contract launches with TypeError/ValueError before touching memory (§1.12);
-    # the malformed-input fuzz (conformance/tools/fuzz.py) holds every such backend to it.
-    validates: bool = False
-    # The engine under test (vLLM's own kernels): run only when asked for, and its disagreements
-    # are findings about the engine (conformance/findings.py).
-    engine: bool = False
-    # What it declines (see Capability); Triton launch options it accepts and ignores (§1.9).
-    capabilities: tuple[Capability, ...] = ()
-    launch_options: bool = True
-    # Its kernels are Triton kernels: it has no form of a host function (KernelSpec.host), which
-    # is then "n/a" there rather than missing.
-    triton: bool = False
-
-    def applies(self, spec: KernelSpec) -> bool:
-        return not (spec.host and self.triton)
-
-    def unsupported(self, spec: KernelSpec, args: Mapping[str, Any]) -> str | None:
-        """The first declared capability the case falls outside of, or None."""
-        return next((c.name for c in self.capabilities if c.covers(spec, args)), None)
-
-    def launcher(self, kernel: Any, grid: Any) -> Any:
-        """What a launch calls: ``kernel[grid]``, or the kernel itself for a gridless backend."""
-        return kernel if self.gridless else kernel[grid]
-
 
 BACKENDS: dict[str, Backend] = {}
 ORACLE = "reference"
@@ -179,7 +122,8 @@ register_backend(Backend("triton-split", _triton_split, _triton_device, _triton_
                          triton=True))
 
 # vLLM's own kernels and CPU port (conformance/engine), unavailable until a vLLM is named.
-importlib.import_module("conformance.engine")
+for _engine_backend in engine.BACKENDS:
+    register_backend(_engine_backend)
 
 for _ep in importlib.metadata.entry_points(group="specdiff.backends"):
     register_backend(_ep.load())

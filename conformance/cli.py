@@ -9,167 +9,28 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import os
-import platform
 import random
 import re
 import sys
-import time
-import traceback
-from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import hypothesis
-from hypothesis import Phase, given, settings
+from hypothesis import settings
 
 import contracts
-from conformance import engine, runner
+from conformance import engine, isolate, suite
 from conformance import findings as findings_mod
 from conformance.arguments import backend_name, input_file, kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
+from conformance.casefile import load_case
 from conformance.engine.source import SourceError
 from conformance.findings import Findings
 from conformance.profiles import PROFILES, chosen
-from conformance.runner import Case, Diff, Disagreement, load_case, replay_command, run_case, save_failure
+from conformance.runner import Diff, Disagreement, run_case
+from conformance.suite import BUILT_IN, backend_mode
 
-BUILT_IN = ("reference", "triton", "cpu")
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
 TOOLS = ("show", "signatures", "threads", "fuzz", "mutants", "sanitize", "clones", "gate", "compile")
-
-
-def _backend_mode(name: str) -> str:
-    mode = BACKENDS[name].mode()
-    if name == "cpu":
-        from cpu_impl import _C
-
-        mode += f", {_C.max_threads()} threads"
-    return mode
-
-
-def check_kernel(
-    name: str, backends: list[str], seed: int | None, states: Counter[str] | None = None, shrink: bool = True,
-    findings: Findings | None = None, call_site: bool = False, examples: Sequence[Case] = (),
-) -> dict[str, dict[str, Any]]:
-    """Runs the kernel's Hypothesis cases through ``backends``; returns a per-backend report.
-
-    ``states`` tallies, per coverage class, the cases that reached it (conformance/coverage.py).
-    With ``findings`` the run keeps going: every example runs and every disagreement, departure
-    and unsupported case is added there; without, the first disagreement stops the kernel (and is
-    shrunk). ``call_site`` draws only what vLLM's call sites pass. ``examples`` run first, every
-    time (cases found earlier and frozen, tests/found_cases.py).
-    """
-    from conformance import coverage
-    from conformance.strategies import cases
-
-    tally: Counter[str] = Counter()
-    odd: Counter[str] = Counter()
-    declined: Counter[str] = Counter()
-    departed: Counter[str] = Counter()
-
-    @given(case=cases(name, call_site=call_site))
-    def prop(case: Any) -> None:
-        tally["examples"] += 1
-        notes: list[Diff] = []
-        try:
-            outcomes = run_case(case, backends, notes)
-        except Disagreement as d:
-            odd.update(d.backends)
-            if findings is None:
-                path = save_failure(case, meta={"backends": backends})
-                raise Disagreement(f"{d}\n  replay: {replay_command(path)}", d.backends, d.diffs) from None
-            for diff in d.diffs:
-                findings.add(case, diff, str(d))
-            outcomes = {}
-        for n in notes:
-            (declined if n.kind == "unsupported" else departed)[n.backend] += 1
-            if findings is not None:
-                findings.add(case, n, n.detail)
-        oracle = outcomes.get(ORACLE)
-        if states is not None and oracle is not None and oracle.error is None:
-            try:
-                states.update(coverage.observe(name, case.args, oracle.outputs).keys())
-            except Exception as e:  # a classifier's bug is the harness's, never a backend's
-                states[f"classifier error: {type(e).__name__}: {e}"] += 1
-
-    for case in examples:
-        prop = hypothesis.example(case=case)(prop)
-    if seed is not None:
-        prop = hypothesis.seed(seed)(prop)
-    if not shrink or findings is not None:  # report the first failing case as found (the mutants session wants speed)
-        prop = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])(prop)
-    failure: BaseException | None = None
-    launched = runner.LAUNCH_SECONDS.copy()
-    try:
-        prop()
-    except Disagreement as d:
-        failure = d
-    except Exception as e:  # a harness or strategy error: every backend's result is unknown
-        failure = e
-    report = {}
-    for b in backends:
-        entry: dict[str, Any] = {
-            "status": "fail" if odd[b] else "pass",
-            "examples": tally["examples"],
-            "failures": odd[b],
-            "unsupported": declined[b],
-            "departs": departed[b],
-            "mode": _backend_mode(b),
-            "seconds": round(runner.LAUNCH_SECONDS[b] - launched[b], 2),  # its own launches
-            "message": None,
-        }
-        if isinstance(failure, Disagreement) and b in failure.backends:
-            entry["message"] = str(failure)
-        elif failure is not None and not isinstance(failure, Disagreement):
-            entry["status"] = "error"
-            entry["message"] = "".join(traceback.format_exception(failure)[-6:])
-        report[b] = entry
-    return report
-
-
-def _available(spec_name: str, wanted: list[str], asked: set[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    spec = contracts.get(spec_name)
-    runnable, skipped = [], {}
-    for b in wanted:
-        backend = BACKENDS[b]
-        why = backend.unavailable()
-        if not backend.applies(spec):
-            if backend.base is not None and b not in asked:
-                continue  # a partial backend answers only for its own kernels
-            skipped[b] = {"status": "n/a", "examples": 0, "failures": 0, "mode": backend.mode(),
-                          "message": f"vLLM implements {spec.name} in PyTorch on the host: it has no Triton form"}
-            continue
-        if why is None and backend.resolve(spec) is None:
-            if backend.engine:  # a fact about the engine, not a gap of specdiff's (no CPU port of MRV2)
-                skipped[b] = {"status": "skipped", "examples": 0, "failures": 0, "mode": backend.mode(),
-                              "message": f"{backend.mode()} has no {spec.name}"}
-                continue
-            if b not in BUILT_IN and b not in asked:
-                continue  # a partial backend (one with a base) only answers for its own kernels
-            skipped[b] = {"status": "missing", "examples": 0, "failures": 0, "mode": backend.mode(), "message": f"{b} has no {spec.name}"}
-        elif why is not None:
-            skipped[b] = {"status": "skipped", "examples": 0, "failures": 0, "mode": "-", "message": why}
-        else:
-            runnable.append(b)
-    return runnable, skipped
-
-
-def _table(results: dict[str, dict[str, dict[str, Any]]], backends: list[str]) -> str:
-    width = max(len(k) for k in results) + 2
-    cols = [f"{'kernel':<{width}}"] + [f"{b:<38}" for b in backends]
-    lines = ["".join(cols), "-" * (width + 38 * len(backends))]
-    for kernel, per in results.items():
-        row = [f"{kernel:<{width}}"]
-        for b in backends:
-            e = per.get(b)
-            cell = "-" if e is None else f"{e['status']} {e['examples']} ({e['mode']})"
-            extra = [f"{e[k]} {k}" for k in ("unsupported", "departs") if e and e.get(k)]
-            cell += f" [{', '.join(extra)}]" if extra else ""
-            row.append(f"{cell:<38}")
-        lines.append("".join(row))
-    return "\n".join(lines)
 
 
 def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -196,15 +57,7 @@ def _check_run(ns: argparse.Namespace) -> None:
         raise ValueError(f"--backend {ns.backend[0]} alone compares nothing: the oracle always runs, name another backend")
 
 
-def _not_compared(name: str, b: str, runnable: list[str], skipped: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The entry of a backend that ran alone: one backend is no comparison, and never a pass."""
-    why = "; ".join(f"{s}: {e['message']}" for s, e in skipped.items())
-    return {"status": "not compared", "examples": 0, "failures": 0, "mode": _backend_mode(b) if b in runnable else "-",
-            "message": f"{name}: only {' and '.join(runnable) or 'no backend'} can run it here, and a comparison needs two"
-                       + (f" ({why})" if why else "")}
-
-
-def _without(argv: list[str], *options: str) -> list[str]:
+def without(argv: list[str], *options: str) -> list[str]:
     """``argv`` less each of ``options`` and its value (``--opt V`` or ``--opt=V``)."""
     out, skip = [], False
     for a in argv:
@@ -218,12 +71,10 @@ def _without(argv: list[str], *options: str) -> list[str]:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from conformance import isolate
-
     if ns.releases:
         from conformance import releases
 
-        rest = _without(ns.argv[1:] if ns.argv[:1] == ["run"] else ns.argv, "--releases", "--report", "--junit")
+        rest = without(ns.argv[1:] if ns.argv[:1] == ["run"] else ns.argv, "--releases", "--report", "--junit")
         out = Path(ns.report).parent
         out.mkdir(parents=True, exist_ok=True)
         return releases.run(ns.releases, rest, out)
@@ -255,7 +106,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     found = Findings() if keep_going else None
     print(
         f"specdiff conformance: profile {ns.profile} ({profile.max_examples} examples per kernel, "
-        f"{'derandomized' if profile.derandomize else f'seed {seed}'}); triton {_backend_mode('triton') if 'triton' in BACKENDS else '-'}"
+        f"{'derandomized' if profile.derandomize else f'seed {seed}'}); triton {backend_mode('triton') if 'triton' in BACKENDS else '-'}"
         + ("; keep going" if keep_going else "") + ("; call-site cases only" if ns.call_site else ""),
         flush=True,
     )
@@ -267,53 +118,33 @@ def cmd_run(ns: argparse.Namespace) -> int:
             print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}" if why is None else f"  {b}: not run: {why}", flush=True)
             if why is None and b == "vllm-cpu" and engine.named() == engine.INSTALLED:
                 print(f"  vllm-cpu ops: {engine.overrides().ops}", flush=True)  # which of the wheel's builds
-    results: dict[str, dict[str, dict[str, Any]]] = {}
+    results: suite.Results = {}
     states: dict[str, dict[str, Any]] = {}
     kernel_seconds: dict[str, float] = {}
     report: dict[str, Any] = {
-        "schema": 2,
-        "profile": ns.profile,
-        "max_examples": profile.max_examples,
-        "derandomize": profile.derandomize,
-        "seed": seed,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), **_versions()},
+        **suite.report_head(ns.profile, seed),
         "kernels": results,
         "seconds": kernel_seconds,  # each kernel's wall time: drawing, launches, comparisons
         "coverage": states,
     }
     unseen: list[findings_mod.Expected] = []
-
-    def write_report() -> None:
-        path = Path(ns.report)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
-
     try:  # the report is written whatever happens: what was collected, and why the run stopped
         for name in names:
             # Rewritten before every kernel: a process killed mid-kernel leaves what it had, and names the kernel.
             report["running"] = name
-            write_report()
-            runnable, skipped = _available(name, backends, asked)
-            seen: Counter[str] = Counter()
-            started = time.perf_counter()
-            if len(runnable) > 1:
-                per = check_kernel(name, runnable, seed, seen, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site)
-                per.update(skipped)
-            else:
-                per = {**skipped, **{b: _not_compared(name, b, runnable, skipped) for b in runnable or [ORACLE]}}
-            results[name] = {b: per[b] for b in backends if b in per}
-            kernel_seconds[name] = round(time.perf_counter() - started, 2)
+            suite.write_report(ns.report, report)
+            run = suite.run_kernel(name, backends, asked, seed, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site)
+            results[name], kernel_seconds[name] = run.entries, run.seconds
             statuses = {b: e["status"] for b, e in results[name].items()}
             print(f"  {name}: {statuses} in {kernel_seconds[name]} s", flush=True)
-            for e in per.values():
+            for e in run.entries.values():
                 if e["message"] and (e["status"] == "not compared" or e["status"] in ("fail", "error") and found is None):
                     print("\n" + e["message"] + "\n", flush=True)
                     break
-            complete = len(runnable) > 1 and all(e["status"] == "pass" for e in per.values() if e["status"] != "skipped")
-            states[name] = _states(name, seen, complete)
+            states[name] = run.coverage
         report.pop("running", None)
         print()
-        print(_table(results, backends))
+        print(suite.table(results, backends))
         print("\nstate classes reached (cases):")
         for name, st in states.items():
             line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
@@ -335,11 +166,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         report["incomplete"] = f"the run stopped after {len(results)} of {len(names)} kernels: {type(err).__name__}: {err}"
         raise
     finally:
-        write_report()
+        suite.write_report(ns.report, report)
         if isolate.child_dir() is None:
             print(f"\nreport: {ns.report}")
         if ns.junit:
-            print(f"junit: {_junit(ns.junit, results, states, kernel_seconds, require)}")
+            print(f"junit: {suite.write_junit(ns.junit, results, states, kernel_seconds, require)}")
     bad = [
         f"{k}/{b}"
         for k, per in results.items()
@@ -375,53 +206,6 @@ def _print_findings(found: Findings, unseen: list[findings_mod.Expected], releas
               + (f" ({e.backend} did not load)" if why else ""))
 
 
-def _states(name: str, seen: Counter[str], complete: bool) -> dict[str, Any]:
-    """A kernel's coverage entry: cases per state class, and the required classes never reached
-    (judged only when every backend passed, so that a failure's cut-short run is not blamed)."""
-    from conformance import coverage
-
-    classes = dict.fromkeys(c.name for c in coverage.classes_for(name) if not c.hazard)
-    hazards = dict.fromkeys(c.name for c in coverage.classes_for(name) if c.hazard)
-    errors = [c for c in seen if c.startswith("classifier error")]
-    return {
-        "cases": {c: seen[c] for c in classes},
-        "hazards": {c: seen[c] for c in hazards},  # cases where a hazardous rule of the engine decided (coverage.HAZARDS)
-        "missing": (coverage.missing(name, seen) if complete else []) + errors,
-    }
-
-
-def _junit(path: str, results: dict[str, dict[str, dict[str, Any]]], states: dict[str, dict[str, Any]],
-           kernel_seconds: dict[str, float], require: bool) -> Path:
-    """One test per kernel and backend (its own launches' time) and one per kernel's coverage (the
-    rest of the kernel's wall time: drawing, comparing, classifying), so the suite's time is the run's."""
-    from conformance import junit
-
-    cases = []
-    for kernel, per in results.items():
-        for b, e in per.items():
-            failed = e["status"] in ("not compared", "crash") or e["status"] in ("fail", "missing") and (e["status"] == "fail" or b in BUILT_IN)
-            cases.append(junit.TestCase(
-                f"conformance.{kernel}", b, float(e.get("seconds", 0.0)),
-                failure=e.get("message") or e["status"] if failed else None,
-                error=e.get("message") if e["status"] == "error" else None,
-                skipped=e.get("message") if e["status"] == "skipped" or (e["status"] == "missing" and b not in BUILT_IN) else None,
-            ))
-        st = states.get(kernel)
-        if st is not None and st["cases"]:
-            gap = f"required state classes never generated: {', '.join(st['missing'])}" if st["missing"] else None
-            harness = max(0.0, kernel_seconds.get(kernel, 0.0) - sum(float(e.get("seconds", 0.0)) for e in per.values()))
-            cases.append(junit.TestCase(f"conformance.{kernel}", "coverage", harness, failure=gap if require else None,
-                                        skipped=gap if gap and not require else None))
-    return junit.write(path, "conformance", cases)
-
-
-def _versions() -> dict[str, Any]:
-    import torch
-    import triton
-
-    return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.cuda.is_available()}
-
-
 def cmd_replay(ns: argparse.Namespace) -> int:
     if Path(ns.path).is_dir():
         return _replay_recording(ns)
@@ -444,7 +228,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
                          f"{', '.join(b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec))}")
     if len(set(backends)) < 2:
         raise ValueError(f"replay needs two backends to compare, got {', '.join(backends) or 'none'}: name them with --backend")
-    print(f"replaying {case.kernel} on {', '.join(f'{b} ({_backend_mode(b)})' for b in backends)}")
+    print(f"replaying {case.kernel} on {', '.join(f'{b} ({backend_mode(b)})' for b in backends)}")
     notes: list[Diff] = []
     try:
         run_case(case, backends, notes)
@@ -470,7 +254,7 @@ def _replay_recording(ns: argparse.Namespace) -> int:
     found = recorded.launches(Path(ns.path))
     if not found:
         raise ValueError(f"replay directory {ns.path!r} holds no recorded launch (*.safetensors)")
-    print(f"replaying {len(found)} recorded launches on {', '.join(f'{b} ({_backend_mode(b)})' for b in backends)}")
+    print(f"replaying {len(found)} recorded launches on {', '.join(f'{b} ({backend_mode(b)})' for b in backends)}")
     tally: dict[str, Counter[str]] = {}
     bad = 0
     for path, out in found:

@@ -396,17 +396,17 @@ CLASSES: tuple[StateClass, ...] = (
 # -- hazards: rules the contract keeps because the engine behaves so ---------------------------------
 def _slots_past_row(kernel: str, a: Args, out: Outputs) -> int:
     """K10 local tokens whose virtual block index runs past their block-table row into the next (C22)."""
-    from contracts.slot_mapping import _tokens, local_slots
+    from contracts.slot_mapping import local_slots, scheduled_tokens
 
     table = a["block_table_ptr"]
-    _, tokens = _tokens(a)
+    _, tokens = scheduled_tokens(a)
     if not tokens.numel() or table.dim() != 2:
         return 0
     vbi, _, local = local_slots(a, a["positions_ptr"][tokens].to(torch.int64))
     return int(((vbi >= table.shape[1]) & local).sum())
 
 
-def _residual_without_winner(kernel: str, a: Args, out: Outputs) -> int:
+def residual_without_winner(kernel: str, a: Args, out: Outputs) -> int:
     """K4 drafts whose residual has no positive, non-NaN score: the recovered token is index 0 (C16)."""
     t = a["draft_token_ids_ptr"].numel()
     if not t:
@@ -417,7 +417,7 @@ def _residual_without_winner(kernel: str, a: Args, out: Outputs) -> int:
     return int((~(score > 0).any(dim=1)).sum())
 
 
-def _earlier_request_position(kernel: str, a: Args, out: Outputs) -> int:
+def earlier_request_position(kernel: str, a: Args, out: Outputs) -> int:
     """K9 requests whose last context position is read from an earlier request's tokens (C23)."""
     qsl = a["query_start_loc_ptr"].to(torch.int64).tolist()
     b = len(qsl) - 1
@@ -428,9 +428,9 @@ def _earlier_request_position(kernel: str, a: Args, out: Outputs) -> int:
 HAZARDS: tuple[StateClass, ...] = (
     StateClass("slot read from the next block-table row", (K10,), _slots_past_row,
                "a local token's virtual block index is past its row: vLLM reads the next request's row (C22)", required=False, hazard=True),
-    StateClass("residual with no winner: token 0", (K4,), _residual_without_winner,
+    StateClass("residual with no winner: token 0", (K4,), residual_without_winner,
                "every residual score is <= 0 or NaN: vLLM's argmax returns index 0, a token nobody proposed (C16)", required=False, hazard=True),
-    StateClass("last position read from an earlier request", ("copy_and_expand_dflash_inputs_kernel",), _earlier_request_position,
+    StateClass("last position read from an earlier request", ("copy_and_expand_dflash_inputs_kernel",), earlier_request_position,
                "more rejected tokens than the request has: vLLM reads an earlier request's position (C23)", required=False, hazard=True),
 )
 CLASSES = CLASSES + HAZARDS

@@ -103,12 +103,12 @@ def _near_acceptance_threshold(a: Mapping[str, Any], output: str, index: int) ->
             ratio = numerics.exp32(a["cumulative_log_p_ptr"][row])
             nxt = int(tokens[row + 2]) if i < q.drafts - 1 else -1
             if nxt >= 0:
-                mass = oracle._residual_mass(dict(a), row + 1, nxt, ratio, nb)
+                mass = oracle.residual_mass(dict(a), row + 1, nxt, ratio, nb)
                 value, threshold = u, mass / (mass + 1.0 - ratio)
             else:
                 value, threshold = u, ratio
         else:
-            lp, lq, _, _ = oracle._log_probs(dict(a), row, q.slot, i, d, t, nb)
+            lp, lq, _, _ = oracle.log_probs(dict(a), row, q.slot, i, d, t, nb)
             value, threshold = lp, numerics.log32(u) + lq
         value, threshold = float(value), float(threshold)
         if math.isfinite(value) and math.isfinite(threshold) and abs(value - threshold) <= 1e-5 * max(1.0, abs(threshold)):

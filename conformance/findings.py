@@ -20,8 +20,10 @@ from typing import Any
 import tomllib
 import torch
 
-from conformance import runner
-from conformance.runner import Case, Diff, replay_command, save_failure
+from conformance import casefile
+from conformance.case import Case
+from conformance.casefile import replay_command, save_failure
+from conformance.runner import Diff
 
 
 def _size(case: Case) -> int:
@@ -87,7 +89,7 @@ class Findings:
         """Writes each group's smallest case under the failures directory, with its replay command."""
         for i, f in enumerate(sorted(self.groups.values(), key=lambda f: f.key)):
             if f.status == "fail" and f.case is not None:
-                path = save_failure(f.case, runner.FAILURES_DIR / f"{f.kernel}.{f.backend}.{i}.safetensors", meta)
+                path = save_failure(f.case, casefile.FAILURES_DIR / f"{f.kernel}.{f.backend}.{i}.safetensors", meta)
                 f.replay = replay_command(path)
 
     def __iter__(self):  # type: ignore[no-untyped-def]

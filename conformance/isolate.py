@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from conformance import runner
+from conformance import casefile, runner, suite
 from conformance.backends import ORACLE
 
 CHILD = "SPECDIFF_RUN_CHILD"  # the child's scratch directory: its report, flight recorder and skip list
@@ -83,8 +83,6 @@ def _signal_name(rc: int) -> str:
 
 def supervise(argv: list[str], report_path: str, junit_path: str | None, require: bool) -> int:
     """Runs ``python -m conformance <argv>`` in children until every kernel ran or crashed."""
-    from conformance import cli
-
     merged: dict[str, Any] = {}
     kernels: dict[str, dict[str, Any]] = {}
     coverage: dict[str, Any] = {}
@@ -117,12 +115,12 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
                     f.write(f"{backend} {why}\n")
                 continue
             backend = (d / "inflight.backend").read_text().strip() if (d / "inflight.backend").exists() else "?"
-            case = runner.load_case(d / "inflight.safetensors") if (d / "inflight.safetensors").exists() else None
+            case = casefile.load_case(d / "inflight.safetensors") if (d / "inflight.safetensors").exists() else None
             kernel = case.kernel if case is not None else part.get("running", "?")
-            saved = runner.save_failure(case, runner.FAILURES_DIR / f"{kernel}.{backend}.crash.safetensors",
+            saved = casefile.save_failure(case, casefile.FAILURES_DIR / f"{kernel}.{backend}.crash.safetensors",
                                         {"backends": [backend]}) if case is not None else None
             pair = list(dict.fromkeys([ORACLE, backend]))  # replay compares two backends at least
-            replay = runner.replay_command(saved) + "".join(f" --backend {shlex.quote(b)}" for b in pair) if saved else runner.NOT_SAVED
+            replay = casefile.replay_command(saved) + "".join(f" --backend {shlex.quote(b)}" for b in pair) if saved else casefile.NOT_SAVED
             message = f"{kernel}: backend '{backend}' killed the process ({_signal_name(rc)}) on a case\n  replay: {replay}"
             print(f"\n  {kernel}: CRASH of {backend} ({_signal_name(rc)}); going on with the kernels not yet run\n  {message}\n", flush=True)
             kernels[kernel] = {**kernels.get(kernel, {}), backend: {"status": "crash", "examples": 0, "failures": 1, "message": message}}
@@ -134,10 +132,8 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
         merged["crashed"] = crashed
     if unloadable:
         merged["unloadable"] = unloadable
-    path = Path(report_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(merged, indent=2) + "\n")
+    path = suite.write_report(report_path, merged)
     print(f"\nreport (every child merged): {path}")
     if junit_path:
-        print(f"junit: {cli._junit(junit_path, kernels, coverage, seconds, require)}")
+        print(f"junit: {suite.write_junit(junit_path, kernels, coverage, seconds, require)}")
     return code

@@ -21,21 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import contracts
-from conformance import cli
+from conformance import suite
 from conformance.arguments import shard
 from conformance.backends import ORACLE
+from conformance.case import Case
 from conformance.profiles import chosen
-from conformance.runner import Case
 
 PROPERTY = "specdiff-conformance"
 
@@ -46,7 +43,7 @@ def params(backends: Sequence[str]) -> list[Any]:
     is a skipped or failing test that says so."""
     out = []
     for name in contracts.SPECS:
-        runnable, skipped = cli._available(name, [ORACLE, *backends], set())
+        runnable, skipped = suite.available(name, [ORACLE, *backends], set())
         for b in backends:
             if b == ORACLE:
                 continue
@@ -61,13 +58,13 @@ def params(backends: Sequence[str]) -> list[Any]:
 def check(kernel: str, backend: str, examples: Sequence[Case] = ()) -> dict[str, Any]:
     """The kernel's cases through the oracle and ``backend``: the per-backend report entries and the
     kernel's coverage, as the CLI's report holds them."""
-    runnable, skipped = cli._available(kernel, [ORACLE, backend], {backend})
+    runnable, skipped = suite.available(kernel, [ORACLE, backend], {backend})
     if backend not in runnable:
         return {"kernel": kernel, "backends": skipped, "coverage": None}
     seen: Counter[str] = Counter()
-    per = cli.check_kernel(kernel, [ORACLE, backend], None, seen, examples=examples)
+    per = suite.check_kernel(kernel, [ORACLE, backend], None, seen, examples=examples)
     complete = all(e["status"] == "pass" for e in per.values())
-    return {"kernel": kernel, "backends": per, "coverage": cli._states(kernel, seen, complete)}
+    return {"kernel": kernel, "backends": per, "coverage": suite.state_coverage(kernel, seen, complete)}
 
 
 def verdict(result: dict[str, Any]) -> str | None:
@@ -128,19 +125,9 @@ class _Gather:
                 coverage[r["kernel"]] = r["coverage"]
         backends = [ORACLE, *dict.fromkeys(b for r in self.results for b in r["backends"] if b != ORACLE)]
         terminalreporter.write_sep("=", "conformance (kernel x backend)")
-        terminalreporter.write_line(cli._table(table, backends))
-        from hypothesis import settings
-
-        profile = settings.get_profile(chosen())
-        report = {
-            "schema": 2, "profile": chosen(), "max_examples": profile.max_examples, "derandomize": profile.derandomize,
-            "seed": None, "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                                      **cli._versions()},
-            "kernels": table, "coverage": coverage, "source": "pytest",
-        }
-        path = Path(self.path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        terminalreporter.write_line(suite.table(table, backends))
+        report = {**suite.report_head(chosen(), None), "kernels": table, "coverage": coverage, "source": "pytest"}
+        path = suite.write_report(self.path, report)
         terminalreporter.write_line(f"conformance report: {path}")
 
 

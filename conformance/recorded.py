@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from conformance.backends import BACKENDS, ORACLE
-from conformance.runner import Case, Diff, Disagreement, _bits, _copy_args, load_case, run_case
+from conformance.case import Case
+from conformance.casefile import load_case
+from conformance.runner import Diff, Disagreement, bits, copy_args, run_case
 
 OUT_SUFFIX = ".out.safetensors"
 
@@ -63,7 +65,7 @@ def against_recording(case: Case, after: Case) -> list[str]:
     spec = case.spec
     if after.kernel != case.kernel:
         raise ValueError(f"the outputs file holds a {after.kernel} launch, not {case.kernel}")
-    args = _copy_args(case.args, "cpu")
+    args = copy_args(case.args, "cpu")
     BACKENDS[ORACLE].resolve(spec)(**args)
     diffs = []
     for p in spec.outputs:
@@ -73,7 +75,7 @@ def against_recording(case: Case, after: Case) -> list[str]:
         if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
             diffs.append(f"'{p.name}': the outputs file holds no tensor of shape {list(want.shape)} and {want.dtype}")
             continue
-        differ = (_bits(got) != _bits(want)).flatten().nonzero()
+        differ = (bits(got) != bits(want)).flatten().nonzero()
         if differ.numel():
             i = int(differ[0])
             diffs.append(f"'{p.name}'[{i}]: the engine wrote {got.flatten()[i].item()!r}, the contract says "

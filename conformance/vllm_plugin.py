@@ -123,7 +123,8 @@ class Recorder:
     def after(self, spec: KernelSpec, snapshot: Any, meta: dict[str, Any]) -> None:
         if snapshot is None:
             return
-        from conformance.runner import Case, save_case
+        from conformance.case import Case
+        from conformance.casefile import save_case
 
         bound, before = snapshot
         with self._lock:

@@ -819,7 +819,7 @@ def resamples(a: Mapping[str, Any]) -> list[Resample]:
 def _resample_preconditions(a: Mapping[str, Any]) -> None:
     k = K17
     require(not a["WATERMARK"] and not a["DEDUPLICATE_CONTEXTS"], k, "WATERMARK",
-            "must be False: the watermark branch is not specified yet (issue #12 defers it)")
+            "must be False: the watermark branch is not specified yet (docs/mrv2.md)")
     for name in ("contexts_ptr", "watermarking_ptr", "watermarking_skip_mask_ptr"):
         require(a[name] is None, k, name, "must be None without WATERMARK")
     at_least(k, "CONTEXT_WIDTH", a["CONTEXT_WIDTH"], 1)

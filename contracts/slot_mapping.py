@@ -33,7 +33,7 @@ I32, I64 = torch.int32, torch.int64
 K10 = "compute_slot_mapping_kernel"
 
 
-def _tokens(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def scheduled_tokens(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """(request of each scheduled token, its global token index), for tokens in [qsl[0], qsl[R])."""
     qsl = a["query_start_loc_ptr"].to(torch.int64)
     lengths = torch.diff(qsl)
@@ -70,7 +70,7 @@ def _preconditions(a: Mapping[str, Any]) -> None:
     in_int64(K10, "CP_KV_CACHE_INTERLEAVE_SIZE", w * i, "TOTAL_CP_WORLD_SIZE * CP_KV_CACHE_INTERLEAVE_SIZE")
     power_of_two(K10, "BLOCK_SIZE", a["BLOCK_SIZE"])
     require_fits(K10, "PAD_ID", a["PAD_ID"], "slot_mapping_ptr", a["slot_mapping_ptr"])
-    request, tokens = _tokens(a)
+    request, tokens = scheduled_tokens(a)
     if not tokens.numel():
         return
     positions = a["positions_ptr"][tokens].to(torch.int64)

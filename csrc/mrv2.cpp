@@ -1146,7 +1146,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
               Buffer skip_mask, std::int64_t /*key_0*/, std::int64_t /*key_1*/, std::int64_t vocab, std::int64_t block,
               bool has_draft, bool fp64, bool use_block, std::int64_t context_width, bool watermark, bool dedup) {
   const char* k = kResample;
-  if (watermark || dedup) fail(k, "WATERMARK", "must be False: the watermark branch is not specified yet (issue #12 defers it)");
+  if (watermark || dedup) fail(k, "WATERMARK", "must be False: the watermark branch is not specified yet (docs/mrv2.md)");
   if (contexts.present()) fail(k, "contexts_ptr", "must be None without WATERMARK");
   if (watermarking.present()) fail(k, "watermarking_ptr", "must be None without WATERMARK");
   if (skip_mask.present()) fail(k, "watermarking_skip_mask_ptr", "must be None without WATERMARK");

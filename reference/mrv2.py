@@ -148,7 +148,7 @@ def _insert_resampled_kernel(
         num_sampled_ptr[r] = k + 1
 
 
-def _log_probs(a: dict, row: int, slot: int, step: int, token: int, t: torch.Tensor,
+def log_probs(a: dict, row: int, slot: int, step: int, token: int, t: torch.Tensor,
                nb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log p, log q, target LSE, draft LSE) of ``token`` at logits row ``row`` (draft step ``step`` of
     ``slot``): each logit minus its row's C29 log-sum-exp. One-hot drafts have log q = 0 and a draft
@@ -194,7 +194,7 @@ def _compute_cumulative_log_p_kernel(
         if r != request:
             log_p, request = torch.zeros((), dtype=F32), r  # p_0 = 1
         if d >= 0:  # a placeholder carries the previous value
-            lp, lq, _, _ = _log_probs(a, i, s, i - cu[r], d, temp_ptr[s].to(F32), vocab_num_blocks)
+            lp, lq, _, _ = log_probs(a, i, s, i - cu[r], d, temp_ptr[s].to(F32), vocab_num_blocks)
             # min(0, .) as Triton's tl.minimum: a NaN (log p = log q = -inf) gives 0.
             log_p = torch.fmin(log_p + (lp - lq), torch.zeros((), dtype=F32))
         cumulative_log_p_ptr[i] = log_p
@@ -254,7 +254,7 @@ def _global_argmax(a: dict, row: int, nb: int) -> int:
     return int(a["target_local_argmax_ptr"].reshape(-1)[row * a["target_local_argmax_stride"] + b])
 
 
-def _residual_mass(a: dict, row: int, token: int, ratio: torch.Tensor, nb: int) -> torch.Tensor:
+def residual_mass(a: dict, row: int, token: int, ratio: torch.Tensor, nb: int) -> torch.Tensor:
     """The block-verification residual mass at ``row`` (the next step): K15's tiles summed in
     float64 as C29's ``tree_sum`` and rounded, or for a one-hot draft ``ratio * (1 - p(token))``."""
     if a["HAS_DRAFT_LOGITS"]:
@@ -339,7 +339,7 @@ def _rejection_kernel(
                 ratio = numerics.exp32(cumulative_log_p_ptr[row])  # the joint ratio after this step
                 nxt = int(tokens[row + 2]) if i < q.drafts - 1 else -1
                 if nxt >= 0:
-                    mass = _residual_mass(a, row + 1, nxt, ratio, nb)
+                    mass = residual_mass(a, row + 1, nxt, ratio, nb)
                     denom = mass + 1.0 - ratio
                     h = mass / denom if denom > 0.0 else torch.ones((), dtype=F32)
                 else:
@@ -349,7 +349,7 @@ def _rejection_kernel(
                     accepted_length = i + 1
                 sampled[q.index * sampled_stride + i] = d
             else:
-                lp, lq, step_target_lse, step_draft_lse = _log_probs(a, row, q.slot, i, d if valid else -1, t, nb)
+                lp, lq, step_target_lse, step_draft_lse = log_probs(a, row, q.slot, i, d if valid else -1, t, nb)
                 if fly == 0 or pending < 0:
                     target_lse, draft_lse = step_target_lse, step_draft_lse
                 if SYNTHETIC_MODE:

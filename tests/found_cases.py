@@ -9,7 +9,7 @@ engine defect, `tests/test_engine.py` checks the engine still shows it (delete t
 
 import torch
 
-from conformance.runner import Case
+from conformance.case import Case
 
 # D1 (conformance/engine/expected.toml): vLLM's CPU port leaves a float32 expand output unwritten
 # (its adapter writes into an int64 copy). Found by `nox -s engine`.

@@ -13,10 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import contracts
-from conformance import cli, coverage
+from conformance import coverage, suite
 from conformance.backends import ORACLE
+from conformance.case import Case
 from conformance.profiles import chosen
-from conformance.runner import Case, run_case
+from conformance.runner import run_case
 from conformance.strategies import cases
 
 PROFILE = chosen()
@@ -78,12 +79,12 @@ def test_hazards_are_counted_apart_and_never_required():
     assert all(not h.required for h in coverage.HAZARDS)
     a = {"query_start_loc_ptr": torch.tensor([0, 2, 3]), "num_rejected_tokens_ptr": torch.tensor([1, 1]), "HAS_NUM_REJECTED": True}
     # request 1 owns token 2 only; with one rejected it reads token 1, request 0's
-    assert coverage._earlier_request_position("copy_and_expand_dflash_inputs_kernel", a, {}) == 1
+    assert coverage.earlier_request_position("copy_and_expand_dflash_inputs_kernel", a, {}) == 1
     p = torch.tensor([[0.5, 0.5], [0.2, 0.8]])
     q = torch.tensor([[0.6, 0.5], [0.1, 0.8]])
     k4 = {"draft_token_ids_ptr": torch.tensor([0, 1]), "vocab_size": 2, "target_probs_ptr": p, "draft_probs_ptr": q, "NO_DRAFT_PROBS": False}
-    assert coverage._residual_without_winner("sample_recovered_tokens_kernel", k4, {}) == 1  # row 0: p <= q everywhere
-    assert "hazards" in cli._states("sample_recovered_tokens_kernel", Counter({"residual with no winner: token 0": 3}), True)
+    assert coverage.residual_without_winner("sample_recovered_tokens_kernel", k4, {}) == 1  # row 0: p <= q everywhere
+    assert "hazards" in suite.state_coverage("sample_recovered_tokens_kernel", Counter({"residual with no winner: token 0": 3}), True)
     # hazard classes are neither coverage nor missing
-    st_ = cli._states("sample_recovered_tokens_kernel", Counter(), True)
+    st_ = suite.state_coverage("sample_recovered_tokens_kernel", Counter(), True)
     assert "residual with no winner: token 0" not in st_["cases"] and "residual with no winner: token 0" not in st_["missing"]

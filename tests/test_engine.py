@@ -25,8 +25,9 @@ from support import vllm_spec
 
 from conformance import engine, findings
 from conformance.backends import BACKENDS
+from conformance.case import Case
 from conformance.engine import cpu, source
-from conformance.runner import Case, Disagreement, run_case
+from conformance.runner import Disagreement, run_case
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,7 +95,7 @@ def test_a_planted_fault_in_vllms_triton_kernel_is_reported_against_vllm(vllm, t
     before = engine.named()
     engine.use(str(tree))
     try:
-        from conformance.cli import check_kernel
+        from conformance.suite import check_kernel
 
         found = findings.Findings()
         check_kernel("expand_kernel", ["reference", "cpu", "vllm"], seed=1, findings=found)
@@ -124,10 +125,10 @@ def test_a_planted_fault_in_vllms_cpp_is_reported_against_vllm_cpu(vllm, tmp_pat
 
 
 def test_a_refusal_inside_a_declared_capability_is_unsupported_not_a_failure(vllm):
-    from conformance.strategies.rejection import _output  # the caller's -1 prefilled output
+    from conformance.strategies.rejection import prefilled_output  # the caller's -1 prefilled output
 
     a = dict(
-        output_token_ids_ptr=_output(1, 1, torch.int32),
+        output_token_ids_ptr=prefilled_output(1, 1, torch.int32),
         cu_num_draft_tokens_ptr=torch.tensor([1], dtype=torch.int32),
         draft_token_ids_ptr=torch.tensor([3], dtype=torch.int32),
         target_argmax_ptr=torch.tensor([3], dtype=torch.int64),

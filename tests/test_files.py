@@ -13,7 +13,8 @@ import safetensors.torch
 import torch
 from safetensors import safe_open
 
-from conformance.runner import Case, load_case, save_case
+from conformance.case import Case
+from conformance.casefile import load_case, save_case
 
 KERNEL = "rejection_greedy_sample_kernel"
 

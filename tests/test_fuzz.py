@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import contracts
-from conformance.backends import BACKENDS, Backend
+from conformance.backend import Backend
+from conformance.backends import BACKENDS
+from conformance.case import Case
 from conformance.profiles import chosen
-from conformance.runner import Case
 from conformance.tools import fuzz
 
 PROFILE = chosen()

@@ -70,7 +70,7 @@ def philox_all(seeds: torch.Tensor, offsets: torch.Tensor, step: int, includes_z
     _C.gumbel.philox(buf(c), buf(seeds), buf(offsets), step, includes_zero)
     out["cpu"] = c
     t = torch.empty(n, dtype=F32, device=device())
-    tri._philox_probe_kernel[(-(-n // BLOCK),)](t, seeds.to(device()), offsets.to(device()), n, STEP=step,
+    tri.philox_probe_kernel[(-(-n // BLOCK),)](t, seeds.to(device()), offsets.to(device()), n, STEP=step,
                                                         INCLUDES_ZERO=includes_zero, BLOCK=BLOCK)
     out["triton"] = t.cpu()
     return out
@@ -167,7 +167,7 @@ def murmur3_all(seeds, pos, keys) -> dict[str, tuple[torch.Tensor, ...]]:
     _C.gumbel.murmur3(*map(buf, c), buf(seeds), buf(pos), buf(keys))
     out["cpu"] = c
     t = tuple(torch.empty(n, dtype=d, device=device()) for d in dtypes)
-    tri._murmur3_probe_kernel[(-(-n // BLOCK),)](*t, seeds.to(device()), pos.to(device()), keys.to(device()), n,
+    tri.murmur3_probe_kernel[(-(-n // BLOCK),)](*t, seeds.to(device()), pos.to(device()), keys.to(device()), n,
                                                          BLOCK=BLOCK)
     out["triton"] = tuple(x.cpu() for x in t)
     return out
@@ -240,7 +240,7 @@ def test_the_resample_bounds_three_ways():
     want_noise, want_residual = torch.empty(h.numel()), torch.empty(h.numel())
     _C.gumbel.bounds(buf(want_noise), buf(want_residual), buf(h), buf(d))
     noise, residual = torch.empty_like(want_noise, device=device()), torch.empty_like(want_residual, device=device())
-    tri._bounds_probe_kernel[(triton.cdiv(h.numel(), BLOCK),)](noise, residual, h.to(device()), d.to(device()), h.numel(), BLOCK=BLOCK)
+    tri.bounds_probe_kernel[(triton.cdiv(h.numel(), BLOCK),)](noise, residual, h.to(device()), d.to(device()), h.numel(), BLOCK=BLOCK)
     assert_bits_equal("gumbel32_above", want_noise, noise)
     assert_bits_equal("residual_above", want_residual, residual)
 
@@ -268,7 +268,7 @@ def test_numerics_three_ways():
     lanes = tuple(torch.empty_like(x) for _ in range(3))  # exp as the kernels' vector lanes compute it
     _C.gumbel.numerics(*map(buf, lanes), buf(x), True)
     t = tuple(torch.empty_like(x, device=device()) for _ in range(3))
-    tri._numerics_probe_kernel[(-(-x.numel() // BLOCK),)](*t, x.to(device()), x.numel(), BLOCK=BLOCK)
+    tri.numerics_probe_kernel[(-(-x.numel() // BLOCK),)](*t, x.to(device()), x.numel(), BLOCK=BLOCK)
     for b, got in (("cpu", c), ("cpu lanes", lanes), ("triton", tuple(v.cpu() for v in t))):
         for name, w, g_ in zip(("exp32", "log32", "log1p32"), want, got):
             # A NaN comes back as a NaN: compilers do not keep payloads (compiled Triton did not).
@@ -319,7 +319,7 @@ def test_exp32_nonpositive_is_exp32_where_it_applies():
     lanes = torch.empty_like(x)
     _C.gumbel.exp_nonpositive(buf(lanes), buf(x))
     got = torch.empty_like(x, device=device())
-    tri._exp_nonpositive_probe_kernel[(-(-x.numel() // BLOCK),)](got, x.to(device()), x.numel(), BLOCK=BLOCK)
+    tri.exp_nonpositive_probe_kernel[(-(-x.numel() // BLOCK),)](got, x.to(device()), x.numel(), BLOCK=BLOCK)
     assert_bits_equal("exp32_nonpositive cpu lanes", want, lanes)
     assert_bits_equal("exp32_nonpositive triton", want, got.cpu())
     # buf() hands the C++ a raw pointer: the tensors must outlive the call (temporaries would be freed
@@ -337,7 +337,7 @@ def test_exp_units_are_the_fixed_point_of_exp32():
                    torch.tensor([0.0, -0.0, -33.0, -32.99, -31.9, -31.8, -1e-45, -87.0, -200.0, float("-inf")])])
     want = (numerics.exp32(x).to(F64) * numerics.SUM_SCALE).to(I64)
     got = torch.empty(x.numel(), dtype=I64, device=device())
-    tri._exp_units_probe_kernel[(-(-x.numel() // BLOCK),)](got, x.to(device()), x.numel(), BLOCK=BLOCK)
+    tri.exp_units_probe_kernel[(-(-x.numel() // BLOCK),)](got, x.to(device()), x.numel(), BLOCK=BLOCK)
     assert_bits_equal("exp_units", want, got)
     assert int(want[-10]) == 2**46 and int(want[-1]) == 0
 
@@ -374,7 +374,7 @@ def test_division_by_a_temperature_is_correctly_rounded():
     x[8 * BLOCK: 9 * BLOCK] = floats(1, 254, BLOCK)  # every exponent
     want = x / t.repeat_interleave(BLOCK)
     got = torch.empty(n, dtype=F32, device=device())
-    tri._div_probe_kernel[(n_blocks,)](got, x.to(device()), t.to(device()), n, BLOCK=BLOCK)
+    tri.div_probe_kernel[(n_blocks,)](got, x.to(device()), t.to(device()), n, BLOCK=BLOCK)
     assert_bits_equal("div_by", want, got)
     inside = ((t >= 2.0**-20) & (t <= 2.0**20)).sum()
     assert 0 < inside < n_blocks
@@ -413,7 +413,7 @@ def test_tree_sum_three_ways_and_padding_changes_nothing():
         assert_bits_equal(f"tree_sum cpu n={n}", want, cpp)
         for width in (1 << (n - 1).bit_length(), 4 << (n - 1).bit_length()):
             got = torch.empty(rows, dtype=F64, device=device())
-            tri._tree_sum_probe_kernel[(rows,)](got, x.to(device()), n, n, WIDTH=width)
+            tri.tree_sum_probe_kernel[(rows,)](got, x.to(device()), n, n, WIDTH=width)
             assert_bits_equal(f"tree_sum triton n={n} width={width}", want, got)
         assert bits(want[1]) == 0  # -0.0 terms sum to +0.0
         if n >= 19:  # the tree's order, not the tiles': some row tells them apart

@@ -1,4 +1,4 @@
-"""Hostile input (issue 13): each class the fuzz generates, pinned as a regression on the launchers
+"""Hostile input: each class the fuzz generates, pinned as a regression on the launchers
 that validate (the oracle and the C++ port) — refused with the argument named, nothing written —
 and the in-contract neighbours of each refusal still run."""
 

@@ -12,7 +12,7 @@ from conformance.backends import BACKENDS
 from conformance.tools import mutants
 
 CATALOGUE = mutants.load()
-# The classes of fault issue 5 asks the catalogue to hold, at least.
+# The classes of fault the catalogue must hold, at least (docs/mutants.md).
 REQUIRED_FAULTS = {"off-by-one offset", "strict versus non-strict comparison", "wrong bonus condition", "missing padding write",
                    "placeholder draft accepted", "wrong stride", "narrowed dtype", "data race"}
 

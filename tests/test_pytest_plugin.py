@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from conformance import pytest_plugin
-from conformance.backends import BACKENDS, Backend
+from conformance.backend import Backend
+from conformance.backends import BACKENDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

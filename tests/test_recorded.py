@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conformance import cli, recorded
-from conformance.runner import load_case, run_case
+from conformance.casefile import load_case
+from conformance.runner import run_case
 
 ROOT = Path(__file__).resolve().parent / "recorded"
 LAUNCHES = recorded.launches(ROOT)

@@ -41,7 +41,7 @@ def test_releases_and_vllm_together_are_refused(capsys):
 
 def test_the_child_runs_keep_every_other_option():
     argv = ["run", "--releases", "0.30.0,0.32.0", "--profile", "dev", "--report=r/x.json", "--junit", "j.xml", "--kernel", "k"]
-    assert cli._without(argv[1:], "--releases", "--report", "--junit") == ["--profile", "dev", "--kernel", "k"]
+    assert cli.without(argv[1:], "--releases", "--report", "--junit") == ["--profile", "dev", "--kernel", "k"]
 
 
 def test_an_expected_finding_of_some_releases_applies_to_those_alone(tmp_path):

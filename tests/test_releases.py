@@ -10,8 +10,9 @@ import pytest
 
 from conformance import engine
 from conformance.backends import BACKENDS
+from conformance.case import Case
 from conformance.findings import Findings
-from conformance.runner import Case, Outcome, _diffs
+from conformance.runner import Outcome, diffs_against
 from contracts import mrv2
 
 K16 = mrv2.REJECTION
@@ -52,7 +53,7 @@ def _finding(backend: str) -> tuple[str, str, str]:
     with pytest.raises(engine.SignatureDrift) as e:
         kernel[(1,)](**{p.name: None for p in spec.params})
     case = Case(spec.name, {})
-    (diff,) = _diffs(case, backend, Outcome(error=f"SignatureDrift: {e.value}"), None, 0)
+    (diff,) = diffs_against(case, backend, Outcome(error=f"SignatureDrift: {e.value}"), None, 0)
     found = Findings()
     found.add(case, diff, str(e.value))
     (f,) = list(found)
@@ -77,7 +78,7 @@ def test_an_undeclared_signature_is_a_signature_failure(release):
 
 def test_the_contracts_own_signature_launches(release):
     release("0.33.1", K16.arg_names)
-    assert not isinstance(BACKENDS["vllm"].resolve(K16), engine._Drifted)
+    assert not isinstance(BACKENDS["vllm"].resolve(K16), engine.Drifted)
 
 
 def test_a_release_without_a_cpu_port_loses_only_vllm_cpu(release):

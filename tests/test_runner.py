@@ -13,11 +13,14 @@ import pytest
 import torch
 
 import contracts
-from conformance import cli, runner
+from conformance import casefile, cli, suite
 from conformance.arguments import output_file
-from conformance.backends import BACKENDS, Backend, register_backend
+from conformance.backend import Backend
+from conformance.backends import BACKENDS, register_backend
+from conformance.case import Case
+from conformance.casefile import NOT_SAVED, load_case, replay_command, save_case
 from conformance.findings import Findings
-from conformance.runner import NOT_SAVED, Case, Diff, Disagreement, load_case, replay_command, run_case, save_case
+from conformance.runner import Diff, Disagreement, run_case
 
 
 def _case():
@@ -107,10 +110,10 @@ def test_saved_cases_replay_from_the_printed_command(tmp_path, planted):
 
 
 def test_aliased_parameters_stay_aliased_and_unpoisoned():
-    from conformance.runner import _copy_args
+    from conformance.runner import copy_args
 
     t = torch.arange(3)
-    copied = _copy_args({"a": t, "b": t, "c": torch.zeros(1)}, "cpu")
+    copied = copy_args({"a": t, "b": t, "c": torch.zeros(1)}, "cpu")
     assert copied["a"] is copied["b"] and copied["a"] is not t
 
 
@@ -216,7 +219,7 @@ def test_the_report_is_written_when_a_step_fails(tmp_path, monkeypatch):
             raise RuntimeError("the harness broke")
         return {b: {"status": "pass", "examples": 1, "failures": 0, "mode": "-", "seconds": 0, "message": None} for b in backends}
 
-    monkeypatch.setattr(cli, "check_kernel", check_kernel)
+    monkeypatch.setattr(suite, "check_kernel", check_kernel)
     with pytest.raises(RuntimeError, match="the harness broke"):
         cli.main(["run", "--kernel", "expand_kernel", "--kernel", "rejection_greedy_sample_kernel", "--backend", "cpu",
                   "--report", str(report), "--junit", str(junit)])
@@ -228,7 +231,7 @@ def test_the_report_is_written_when_a_step_fails(tmp_path, monkeypatch):
 
 def test_an_unwritable_failures_directory_still_reports_the_disagreement(tmp_path, planted, monkeypatch, capsys):
     (tmp_path / "file").write_text("")
-    monkeypatch.setattr(runner, "FAILURES_DIR", tmp_path / "file" / "failures")  # below a file: never creatable
+    monkeypatch.setattr(casefile, "FAILURES_DIR", tmp_path / "file" / "failures")  # below a file: never creatable
     planted("bonus_after_reject", lambda kw: kw["output_token_ids_ptr"].__setitem__((0, 2), 7))
     report = tmp_path / "r.json"
     rc = cli.main(["run", "--kernel", "rejection_greedy_sample_kernel", "--backend", "cpu", "--backend", "bonus_after_reject",
@@ -243,7 +246,7 @@ def test_an_unwritable_failures_directory_still_reports_the_disagreement(tmp_pat
 
 def test_findings_keep_their_status_when_their_cases_cannot_be_saved(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
-    monkeypatch.setattr(runner, "FAILURES_DIR", tmp_path / "file" / "failures")
+    monkeypatch.setattr(casefile, "FAILURES_DIR", tmp_path / "file" / "failures")
     found = Findings()
     found.add(_case(), Diff("cpu", "output_token_ids_ptr", "value", index=2), "cpu differs")
     found.save({"backends": ["reference", "cpu"]})
@@ -300,7 +303,8 @@ def test_a_case_file_never_makes_replay_load_code(tmp_path, capsys):
 ROOT = Path(__file__).resolve().parent.parent
 CRASHY = '''
 import ctypes
-from conformance.backends import Backend, register_backend
+from conformance.backend import Backend
+from conformance.backends import register_backend
 from contracts import SPECS
 
 
@@ -339,14 +343,15 @@ def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_o
     assert data["kernels"]["rejection_greedy_sample_kernel"]["cpu"]["status"] == "pass"  # the run went on
     saved = tmp_path / "failures" / "expand_kernel.crashy.crash.safetensors"
     assert saved.exists() and str(saved) in crash["message"]
-    assert runner.load_case(saved).args["cu_num_tokens_ptr"].numel() >= 3  # the very case that crashed
+    assert casefile.load_case(saved).args["cu_num_tokens_ptr"].numel() >= 3  # the very case that crashed
     assert "crash" in junit_xml.read_text()
 
 
 UNLOADABLE = '''
 import os
 import signal
-from conformance.backends import Backend, register_backend
+from conformance.backend import Backend
+from conformance.backends import register_backend
 
 
 def _resolve(spec):  # loading the engine's ops: a build this CPU cannot run
@@ -384,12 +389,12 @@ def test_show_prints_source_that_rebuilds_the_saved_case_bit_for_bit(kernel, tmp
     through their shortest decimal, NaN and infinities), and the oracle's outputs as EXPECTED."""
     from hypothesis import HealthCheck, given, settings
 
-    from conformance.runner import _bits, run_backend
+    from conformance.runner import bits, run_backend
     from conformance.strategies import cases
     from conformance.tools import show
 
     def canonical(t):  # a literal keeps a NaN, not its payload
-        return _bits(torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t) if t.is_floating_point() else t)
+        return bits(torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t) if t.is_floating_point() else t)
 
     @settings(max_examples=25, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=cases(kernel))

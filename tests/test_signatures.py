@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 import contracts
-from conformance.backends import BACKENDS, Backend
+from conformance.backend import Backend
+from conformance.backends import BACKENDS
 from conformance.tools import signatures
 from contracts.spec import constexpr
 

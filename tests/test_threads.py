@@ -18,7 +18,8 @@ import torch
 
 import contracts
 from conformance import cli
-from conformance.backends import BACKENDS, Backend
+from conformance.backend import Backend
+from conformance.backends import BACKENDS
 from conformance.profiles import chosen
 from conformance.tools import threads
 
@@ -116,7 +117,7 @@ def test_every_build_is_fresh_and_private_and_removed_after_the_run(monkeypatch)
     monkeypatch.setattr(threads.subprocess, "run", child)
     ns = argparse.Namespace(no_force=False, threads=None, profile="dev", report="r.json", kernel=None, max_examples=None,
                             junit=None, replay=None)
-    assert threads._cmd(ns) == 0
+    assert threads.cmd(ns) == 0
     (lib, existed), = seen
     assert existed and not lib.parent.exists()
 

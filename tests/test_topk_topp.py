@@ -226,11 +226,11 @@ def pytorch_path(vllm_loader):
 @st.composite
 def batches(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Rows of the conformance kinds; k in [1, V] (vLLM's samplers clamp it there), p in (0, 1]."""
-    from conformance.strategies.topk_topp import ROWS, VOCABS, _row
+    from conformance.strategies.topk_topp import ROWS, VOCABS, logit_row
 
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     b, v = draw(st.integers(1, 4)), draw(st.sampled_from(VOCABS[1:]))
-    x = torch.stack([_row(draw(st.sampled_from(ROWS)), g, v) for _ in range(b)])
+    x = torch.stack([logit_row(draw(st.sampled_from(ROWS)), g, v) for _ in range(b)])
     topk, topp = draw(st.sampled_from([(True, False), (False, True), (True, True)]))
     k = torch.tensor([draw(st.integers(1, v)) for _ in range(b)]) if topk else None
     p = torch.tensor([draw(st.sampled_from([0.5, 0.9, 1.0, 0.25, 1e-8])) for _ in range(b)], dtype=torch.float32) if topp else None
@@ -336,11 +336,11 @@ def c35_top_p(x: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor, mask: fl
 @st.composite
 def split_batches(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Rows of the conformance kinds, k around V (or none), p in (0, 1.5]."""
-    from conformance.strategies.topk_topp import ROWS, VOCABS, _row
+    from conformance.strategies.topk_topp import ROWS, VOCABS, logit_row
 
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     b, v = draw(st.integers(1, 4)), draw(st.sampled_from(VOCABS))
-    x = torch.stack([_row(draw(st.sampled_from(ROWS)), g, v) for _ in range(b)])
+    x = torch.stack([logit_row(draw(st.sampled_from(ROWS)), g, v) for _ in range(b)])
     k = torch.tensor([draw(st.sampled_from([1, v, v + 1])) for _ in range(b)], dtype=torch.int32) if draw(st.booleans()) else None
     p = torch.tensor([draw(st.sampled_from([0.5, 0.9, 1.0, 0.25, 1e-8, 0.99999994, 1.5])) for _ in range(b)], dtype=torch.float32)
     return x, k, p
@@ -465,9 +465,9 @@ def vllm_split(vllm_loader):
 
 
 def run_vllm_split(kernels: dict[str, Any], x: torch.Tensor, p: torch.Tensor, s: int) -> torch.Tensor:
-    from conformance.engine import _triton_mode
+    from conformance.engine import triton_mode
 
-    if _triton_mode() == "compiled" and x.device.type == "cpu":
+    if triton_mode() == "compiled" and x.device.type == "cpu":
         pytest.skip("vLLM's Triton kernels run on CPU tensors only interpreted (TRITON_INTERPRET=1)")
     y = x.clone()
     for name, grid, a in contract.split_launches(y, None, p, slices=s, workspace=contract.split_workspace(), blocks=(64, 64, 64)):

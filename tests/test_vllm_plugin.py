@@ -22,8 +22,8 @@ from support import vllm_spec
 
 from conformance import engine, vllm_plugin
 from conformance.backends import BACKENDS
+from conformance.casefile import load_case
 from conformance.engine.cpu import CpuOverrides
-from conformance.runner import load_case
 from cpu_impl.launcher import CpuKernel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,12 +185,12 @@ def test_an_unwritable_recording_directory_is_a_warning(vllm, monkeypatch, tmp_p
 
 
 def test_a_full_disk_stops_recording_with_one_warning(vllm, monkeypatch, tmp_path, capsys):
-    import conformance.runner
+    import conformance.casefile
 
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(conformance.runner, "save_case", full)
+    monkeypatch.setattr(conformance.casefile, "save_case", full)
     monkeypatch.setenv("SPECDIFF_RECORD", str(tmp_path))
     _hooked()
     for _ in range(3):  # every launch still runs, and computes

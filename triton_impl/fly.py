@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_impl.rejection import _request_span
+from triton_impl.rejection import request_span
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def apply_fly_greedy_acceptance_kernel(
     if not is_greedy:
         return
 
-    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
+    start_idx, num_draft_tokens = request_span(cu_num_draft_tokens_ptr, req_idx)
     threshold = tl.cast(fly_entropy_threshold, tl.float32)
     for pos in range(num_draft_tokens):
         token_idx = start_idx + pos
@@ -97,7 +97,7 @@ def apply_fly_random_acceptance_kernel(
     if tl.load(is_greedy_ptr + req_idx):
         return
 
-    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
+    start_idx, num_draft_tokens = request_span(cu_num_draft_tokens_ptr, req_idx)
     threshold = tl.cast(fly_entropy_threshold, tl.float32)
     for pos in range(num_draft_tokens):
         token_idx = start_idx + pos

@@ -223,7 +223,7 @@ def residual_above(d):
 
 # -- probes: the primitives above, stored, for tests --------------------------------------------------
 @triton.jit
-def _philox_probe_kernel(out_ptr, seed_ptr, offset_ptr, n, STEP: tl.constexpr, INCLUDES_ZERO: tl.constexpr,
+def philox_probe_kernel(out_ptr, seed_ptr, offset_ptr, n, STEP: tl.constexpr, INCLUDES_ZERO: tl.constexpr,
                          BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
@@ -235,7 +235,7 @@ def _philox_probe_kernel(out_ptr, seed_ptr, offset_ptr, n, STEP: tl.constexpr, I
 
 
 @triton.jit
-def _murmur3_probe_kernel(hash_ptr, u32_ptr, u64_ptr, noise32_ptr, noise64_ptr, seed_ptr, pos_ptr, key_ptr, n,
+def murmur3_probe_kernel(hash_ptr, u32_ptr, u64_ptr, noise32_ptr, noise64_ptr, seed_ptr, pos_ptr, key_ptr, n,
                           BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
@@ -253,7 +253,7 @@ def _murmur3_probe_kernel(hash_ptr, u32_ptr, u64_ptr, noise32_ptr, noise64_ptr, 
 
 
 @triton.jit
-def _bounds_probe_kernel(noise_ptr, residual_ptr, h_ptr, d_ptr, n, BLOCK: tl.constexpr):
+def bounds_probe_kernel(noise_ptr, residual_ptr, h_ptr, d_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     h = tl.load(h_ptr + i, mask=mask, other=0).to(tl.uint32)
@@ -261,7 +261,7 @@ def _bounds_probe_kernel(noise_ptr, residual_ptr, h_ptr, d_ptr, n, BLOCK: tl.con
     tl.store(residual_ptr + i, residual_above(tl.load(d_ptr + i, mask=mask, other=0.0)), mask=mask)
 
 @triton.jit
-def _numerics_probe_kernel(exp_ptr, log_ptr, log1p_ptr, x_ptr, n, BLOCK: tl.constexpr):
+def numerics_probe_kernel(exp_ptr, log_ptr, log1p_ptr, x_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     x = tl.load(x_ptr + i, mask=mask, other=1.0)
@@ -343,7 +343,7 @@ def div_by(x, t, t_inv):
 
 
 @triton.jit
-def _div_probe_kernel(out_ptr, x_ptr, t_ptr, n, BLOCK: tl.constexpr):
+def div_probe_kernel(out_ptr, x_ptr, t_ptr, n, BLOCK: tl.constexpr):
     # One program per BLOCK elements and one divisor per program (t_ptr[pid]), as kernels use it.
     pid = tl.program_id(0)
     i = pid * BLOCK + tl.arange(0, BLOCK)
@@ -367,7 +367,7 @@ def tree_sum(terms):
 
 
 @triton.jit
-def _tree_sum_probe_kernel(out_ptr, x_ptr, x_stride, n, WIDTH: tl.constexpr):
+def tree_sum_probe_kernel(out_ptr, x_ptr, x_stride, n, WIDTH: tl.constexpr):
     # one row of x (its first n terms, zero-padded to WIDTH) per program
     row = tl.program_id(0)
     i = tl.arange(0, WIDTH)
@@ -403,14 +403,14 @@ def exp_units(x):
 
 
 @triton.jit
-def _exp_nonpositive_probe_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
+def exp_nonpositive_probe_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     tl.store(out_ptr + i, exp32_nonpositive(tl.load(x_ptr + i, mask=mask, other=0.0)), mask=mask)
 
 
 @triton.jit
-def _exp_units_probe_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
+def exp_units_probe_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     tl.store(out_ptr + i, exp_units(tl.load(x_ptr + i, mask=mask, other=0.0)), mask=mask)

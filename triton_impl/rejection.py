@@ -23,7 +23,7 @@ def _request_start(cu_ptr, req_idx):
 
 
 @triton.jit
-def _request_span(cu_ptr, req_idx):
+def request_span(cu_ptr, req_idx):
     """(start(r), n(r)) of request r from inclusive cumulative counts, both int64."""
     start = _request_start(cu_ptr, req_idx).to(tl.int64)
     return start, tl.load(cu_ptr + req_idx).to(tl.int64) - start
@@ -50,7 +50,7 @@ def rejection_greedy_sample_kernel(
     if not is_greedy:
         return
 
-    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
+    start_idx, num_draft_tokens = request_span(cu_num_draft_tokens_ptr, req_idx)
     row = req_idx.to(tl.int64) * (max_spec_len + 1)
 
     rejected = False
@@ -96,7 +96,7 @@ def rejection_random_sample_kernel(
     if is_greedy:
         return
 
-    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
+    start_idx, num_draft_tokens = request_span(cu_num_draft_tokens_ptr, req_idx)
     row = req_idx.to(tl.int64) * (max_spec_len + 1)
 
     rejected = False
@@ -144,7 +144,7 @@ def expand_kernel(
     MAX_NUM_TOKENS: tl.constexpr,  # most tokens written per request (128 at the call site)
 ):
     req_idx = tl.program_id(0)
-    # In cu's dtype, not widened (_request_span): counts are >= 0 and non-decreasing, so end - start
+    # In cu's dtype, not widened (request_span): counts are >= 0 and non-decreasing, so end - start
     # fits it, and start_idx + offset is formed on the pointer, in 64 bits (C4).
     start_idx = _request_start(cu_num_tokens_ptr, req_idx)
     num_tokens = tl.load(cu_num_tokens_ptr + req_idx) - start_idx
@@ -158,7 +158,7 @@ def expand_kernel(
 # How sample_recovered_tokens_kernel scans a row, chosen at compile time from the launch's arguments
 # (KernelSpec.tuning: constexprs after the engine's parameters that no launch passes). No result
 # depends on it (C15: ties go to the earliest column whatever the step). Read off an H100 (132 SMs;
-# benchmarks/gpu_k4_scan.py, docs/gpu/k4-scan-h100-s15.json): with a few rows, each SM holds one
+# benchmarks/gpu_k4_scan.py; docs/gpu.md): with a few rows, each SM holds one
 # program or none, and only loads kept in flight across loop steps (software pipelining, deep and
 # with more warps) fill its memory pipe; with a few rows per SM the programs themselves fill it and
 # the stages' shared memory costs occupancy instead; at thousands of rows every form is DRAM-bound
@@ -193,7 +193,7 @@ def sample_recovered_tokens_kernel(
 ):
     req_idx = tl.program_id(0)
     pos = tl.program_id(1)
-    start_idx, num_draft_tokens = _request_span(cu_num_draft_tokens_ptr, req_idx)
+    start_idx, num_draft_tokens = request_span(cu_num_draft_tokens_ptr, req_idx)
     if pos >= num_draft_tokens:
         return
     token_idx = start_idx + pos

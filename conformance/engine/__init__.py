@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from conformance.backends import Backend, Capability, register_backend
+from conformance.backend import Backend, Capability
 from conformance.engine.source import SourceError, VllmSource, locate
 from contracts.spec import KernelSpec, Kind
 
@@ -110,7 +110,7 @@ class SignatureDrift(TypeError):
     would bind wrongly (an interpreted Triton kernel silently drops a keyword it does not declare)."""
 
 
-class _Drifted:
+class Drifted:
     """Stands in for a kernel whose parameters differ from the contract's: every launch raises
     :class:`SignatureDrift` naming the difference, before anything runs. ``arg_names`` are the
     release's; ``declared`` says whether the contract lists them (``KernelSpec.earlier``)."""
@@ -171,21 +171,22 @@ def _triton_kernel(spec: KernelSpec) -> Any:
         return None
     drift = signature_drift(spec, kernel)
     if drift is not None:
-        return _Drifted(drift, tuple(getattr(kernel, "arg_names", ()) or ()), "declared in the contract" in drift)
+        return Drifted(drift, tuple(getattr(kernel, "arg_names", ()) or ()), "declared in the contract" in drift)
     return _HostFunction(kernel) if spec.host else kernel
 
 
 def _cpu_kernel(spec: KernelSpec) -> Any:
     kernel = _triton_kernel(spec)
-    if isinstance(kernel, _Drifted):
+    if isinstance(kernel, Drifted):
         return kernel
     wrong = overrides().misbinding(spec.qualname, kernel)
     if wrong is not None:  # what every launch of the engine's CPU port would meet
-        return _Drifted(f"vLLM {located().release or located().label}'s {spec.name}: {wrong}", tuple(kernel.arg_names), False)
+        return Drifted(f"vLLM {located().release or located().label}'s {spec.name}: {wrong}", tuple(kernel.arg_names), False)
     return overrides().wrap(spec.qualname, kernel)
 
 
-def _triton_mode() -> str:
+def triton_mode() -> str:
+    """How Triton runs here, "compiled" or "interpreted" (triton_impl decides before Triton loads)."""
     import triton_impl
 
     return triton_impl.mode()
@@ -240,13 +241,13 @@ CPU_CAPABILITIES = (
 def _interpreted_log1p(spec: KernelSpec, a: Any) -> bool:
     from contracts import mrv2
 
-    return _triton_mode() == "interpreted" and bool(a["HAS_DRAFT_LOGITS"]) and any(q.residual for q in mrv2.resamples(a))
+    return triton_mode() == "interpreted" and bool(a["HAS_DRAFT_LOGITS"]) and any(q.residual for q in mrv2.resamples(a))
 
 
 def _interpreted_nan_probs(spec: KernelSpec, a: Any) -> bool:
     t = a["draft_token_ids_ptr"].numel()
     probs = [x.reshape(-1)[: t * a["vocab_size"]] for x in (a["target_probs_ptr"], a["draft_probs_ptr"]) if isinstance(x, torch.Tensor)]
-    return _triton_mode() == "interpreted" and any(bool(torch.isnan(x).any()) for x in probs)
+    return triton_mode() == "interpreted" and any(bool(torch.isnan(x).any()) for x in probs)
 
 
 TRITON_CAPABILITIES = (
@@ -260,7 +261,7 @@ TRITON_CAPABILITIES = (
         "'All-NaN slice encountered' (compiled, the tile's index comes back)",
     ),
     Capability(
-        "a tl.range variable's .to, interpreted", ("_topk_topp_kernel",), lambda spec, a: _triton_mode() == "interpreted",
+        "a tl.range variable's .to, interpreted", ("_topk_topp_kernel",), lambda spec, a: triton_mode() == "interpreted",
         "0.33.0's top-k/top-p kernel casts its tl.range row index with row_id.to(tl.int64); the interpreter makes that "
         "index a Python int, which has no .to: compiled only",
     ),
@@ -271,7 +272,10 @@ TRITON_CAPABILITIES = (
     ),
 )
 
-register_backend(Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {_triton_mode()}",
-                         lambda: _unavailable(False), engine=True, capabilities=TRITON_CAPABILITIES))
-register_backend(Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
-                         engine=True, capabilities=CPU_CAPABILITIES, launch_options=False))
+# Registered by conformance.backends, after the built-in backends.
+BACKENDS = (
+    Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {triton_mode()}", lambda: _unavailable(False),
+            engine=True, capabilities=TRITON_CAPABILITIES),
+    Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
+            engine=True, capabilities=CPU_CAPABILITIES, launch_options=False),
+)

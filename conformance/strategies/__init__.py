@@ -19,7 +19,7 @@ import torch
 from hypothesis import strategies as st
 
 import contracts
-from conformance.runner import Case
+from conformance.case import Case
 
 _CASES: dict[str, Callable[[], st.SearchStrategy[Case]]] = {}
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.runner import Case
+from conformance.case import Case
 from conformance.strategies import cases_for, generator, seeds
 
 INT32_MAX = 2**31 - 1

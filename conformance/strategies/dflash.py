@@ -8,7 +8,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.runner import Case
+from conformance.case import Case
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import (
     I64,

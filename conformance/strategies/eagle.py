@@ -9,7 +9,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.runner import Case
+from conformance.case import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, seeds
 from conformance.strategies.metadata import (
     I64,

@@ -8,9 +8,9 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.runner import Case
+from conformance.case import Case
 from conformance.strategies import cases_for, generator
-from conformance.strategies.rejection import ROW_KINDS, Batch, _kinds, _uniforms, batches, draft_ratio, prob_rows
+from conformance.strategies.rejection import ROW_KINDS, Batch, batches, draft_ratio, prob_rows, row_kinds, uniforms
 
 # The config's default 0.3, its bounds, a value float32 rounds (0.1), a negative one and infinity
 # (FLy off, except for an infinite entropy); then any float32 in [0, 4].
@@ -169,11 +169,11 @@ def _random_cases(draw: st.DrawFn) -> Case:
     bt, g, window, threshold = _step(draw)
     t, v = bt.t, bt.vocab
     no_draft_probs = draw(st.booleans())
-    target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
-    draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
+    target = prob_rows(g, row_kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
+    draft_probs = None if no_draft_probs else prob_rows(g, row_kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
     # Uniforms on and one ulp above the float32 ratio, where >= and > part (C7).
     ratio = draft_ratio(target, draft_probs, bt.draft, v)
-    u = draw(_uniforms(g, t, ratio))
+    u = draw(uniforms(g, t, ratio))
     # Planted runs: 1.0 rejects whenever p < q, and 0.0 accepts whenever q > 0.
     reject, accept = torch.zeros(t, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)
     hot = _plant_runs(draw, bt, False, window, reject, accept)

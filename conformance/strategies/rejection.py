@@ -10,7 +10,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.runner import Case
+from conformance.case import Case
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, ragged_counts, seeds
 from conformance.strategies.metadata import padding
 from contracts.spec import cdiv
@@ -106,7 +106,7 @@ def draft_ratio(target: torch.Tensor, draft_probs: torch.Tensor | None, draft: t
     return (p / q).to(torch.float64)
 
 
-def _kinds(draw: st.DrawFn, t: int, allowed: tuple[str, ...]) -> list[str]:
+def row_kinds(draw: st.DrawFn, t: int, allowed: tuple[str, ...]) -> list[str]:
     """Mostly random rows, with drawn exceptions (shrinks toward all random)."""
     kinds = ["random"] * t
     for i, kind in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.sampled_from(allowed)), max_size=4 if t else 0)):
@@ -114,8 +114,8 @@ def _kinds(draw: st.DrawFn, t: int, allowed: tuple[str, ...]) -> list[str]:
     return kinds
 
 
-def _output(b: int, s: int, dtype: torch.dtype) -> torch.Tensor:
-    # Pre-filled with -1 as the caller does; the runner poisons it (§1.13).
+def prefilled_output(b: int, s: int, dtype: torch.dtype) -> torch.Tensor:
+    """The output token ids, pre-filled with -1 as the caller does (the runner then poisons it, §1.13)."""
     return torch.full((b, s + 1), -1, dtype=dtype)
 
 
@@ -132,7 +132,7 @@ def _synthetic_rates(draw: st.DrawFn, s: int) -> torch.Tensor:
 
 
 @st.composite
-def _uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tensor | None = None) -> torch.Tensor:
+def uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tensor | None = None) -> torch.Tensor:
     """float64 uniforms in [0, 1); drawn cells are 0.0 or sit exactly on ``boundary`` (the float32
     ratio or rate, widened) or one float64 ulp above it — where >= and > part."""
     u = torch.rand(t, dtype=torch.float64, generator=g)
@@ -150,7 +150,7 @@ def _uniforms(draw: st.DrawFn, g: torch.Generator, t: int, boundary: torch.Tenso
 def _rate_on_first(draw: st.DrawFn, u: torch.Tensor, bt: Batch, rates: torch.Tensor) -> int | None:
     """In half the synthetic cases, one request's first uniform sits exactly on the first rate: the
     first test always runs, and there C8's strict u < rate parts from u <= rate. Planted cells alone
-    (``_uniforms``) reached it too rarely: a non-strict port survived 2 of 10 seeds of 200. One
+    (``uniforms``) reached it too rarely: a non-strict port survived 2 of 10 seeds of 200. One
     request only, so the others keep their acceptance chains (placeholders later in a row). Returns
     the cell it planted, or None."""
     firsts = [s for s, n in zip(itertools.accumulate([0, *bt.n[:-1]]), bt.n) if n]
@@ -192,7 +192,7 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
     rates = draw(_synthetic_rates(bt.max_spec_len)) if synthetic else None
     if synthetic:
         pos = torch.cat([torch.arange(k) for k in bt.n]) if bt.t else torch.zeros(0, dtype=torch.int64)
-        u = draw(_uniforms(g, bt.t, rates[pos].to(torch.float64)))
+        u = draw(uniforms(g, bt.t, rates[pos].to(torch.float64)))
         _placeholder_on_first(draw, u, bt, rates, _rate_on_first(draw, u, bt, rates))
     else:
         u = draw(st.sampled_from([None, "given"]))
@@ -201,7 +201,7 @@ def _greedy_cases(draw: st.DrawFn) -> Case:
     if synthetic:
         event("synthetic")
     args = dict(
-        output_token_ids_ptr=_output(bt.b, bt.max_spec_len, draw(int_dtypes)),
+        output_token_ids_ptr=prefilled_output(bt.b, bt.max_spec_len, draw(int_dtypes)),
         cu_num_draft_tokens_ptr=bt.cu,
         draft_token_ids_ptr=bt.draft,
         target_argmax_ptr=argmax,
@@ -258,15 +258,15 @@ def _random_cases(draw: st.DrawFn) -> Case:
     g = generator(bt.seed + 1)
     t, v = bt.t, bt.vocab
     no_draft_probs = draw(st.booleans())
-    target = prob_rows(g, _kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
-    draft_probs = None if no_draft_probs else prob_rows(g, _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
+    target = prob_rows(g, row_kinds(draw, t, ROW_KINDS[:-1]), v, bt.draft)
+    draft_probs = None if no_draft_probs else prob_rows(g, row_kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
     rates = draw(_synthetic_rates(bt.max_spec_len)) if synthetic else None
     if synthetic:
         pos = torch.cat([torch.arange(k) for k in bt.n]) if t else torch.zeros(0, dtype=torch.int64)
         boundary = rates[pos].to(torch.float64)
     else:
         boundary = draft_ratio(target, draft_probs, bt.draft, v)
-    u = draw(_uniforms(g, t, boundary))
+    u = draw(uniforms(g, t, boundary))
     if synthetic:
         _rate_on_first(draw, u, bt, rates)
     if not synthetic:
@@ -274,7 +274,7 @@ def _random_cases(draw: st.DrawFn) -> Case:
     if synthetic:
         event("synthetic")
     args = dict(
-        output_token_ids_ptr=_output(bt.b, bt.max_spec_len, draw(int_dtypes)),
+        output_token_ids_ptr=prefilled_output(bt.b, bt.max_spec_len, draw(int_dtypes)),
         cu_num_draft_tokens_ptr=bt.cu,
         draft_token_ids_ptr=bt.draft,
         draft_probs_ptr=draft_probs,
@@ -345,9 +345,9 @@ def _recovered_cases(draw: st.DrawFn) -> Case:
     # All-ones noise makes ties decide; float64 noise within 2**-30 of one is all 1.0 in float32, so
     # tied residuals are ranked by noise that a float32 narrowing erases (C17).
     noise = draw(st.sampled_from(["exponential", "ones", "ties below float32"] if fp64 else ["exponential", "ones"]))
-    kinds = ["ties"] * t if noise == "ties below float32" else _kinds(draw, t, ROW_KINDS[:-1])
+    kinds = ["ties"] * t if noise == "ties below float32" else row_kinds(draw, t, ROW_KINDS[:-1])
     target = prob_rows(g, kinds, v, bt.draft)
-    draft_probs = None if no_draft_probs else prob_rows(g, ["zeros"] * t if noise == "ties below float32" else _kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
+    draft_probs = None if no_draft_probs else prob_rows(g, ["zeros"] * t if noise == "ties below float32" else row_kinds(draw, t, ROW_KINDS), v, bt.draft, like=target)
     # NaN probabilities: never win with NO_DRAFT_PROBS, give a zero residual otherwise (C15, C16).
     for i, j in draw(st.lists(st.tuples(st.integers(0, max(t - 1, 0)), st.integers(0, v - 1)), max_size=2 if t else 0)):
         target[i, j] = float("nan")

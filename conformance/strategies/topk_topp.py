@@ -10,7 +10,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.runner import Case
+from conformance.case import Case
 from conformance.strategies import cases_for, generator, seeds
 from contracts import topk_topp as contract
 
@@ -19,7 +19,8 @@ VOCABS = [1, 2, 3, 8, 13, 64, 100, 257]
 ROWS = ["gaussian", "levels", "neighbours", "masked", "all -inf", "one finite", "equal", "outlier", "zeros", "wide", "exact"]
 
 
-def _row(kind: str, g: torch.Generator, v: int) -> torch.Tensor:
+def logit_row(kind: str, g: torch.Generator, v: int) -> torch.Tensor:
+    """One row of ``v`` logits of the named kind (one of ROWS)."""
     x = torch.randn(v, generator=g) * 2
     if kind == "levels":
         x = torch.randint(-2, 3, (v,), generator=g).to(torch.float32)
@@ -61,7 +62,7 @@ def _batch(draw: st.DrawFn, g: torch.Generator, b: int, v: int) -> tuple[torch.T
     kinds = [draw(st.sampled_from(ROWS)) for _ in range(b)]
     for kind in set(kinds):
         event(f"row: {kind}")
-    rows = torch.stack([_row(kind, g, v) for kind in kinds]) if b else torch.zeros(0, v)
+    rows = torch.stack([logit_row(kind, g, v) for kind in kinds]) if b else torch.zeros(0, v)
     layout = draw(st.sampled_from(["packed", "padded", "view"]))
     stride = v if layout == "packed" else v + draw(st.integers(1, 5))
     wide = torch.randn(max(b, 1), stride, generator=g)

@@ -29,10 +29,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--profile", default=chosen(), choices=PROFILES)
     p.add_argument("--kernel", action="append", type=kernel_name, help="only this kernel (repeatable)")
     p.add_argument("--clone", action="append", choices=tuple(CLONES), help="only this clone (repeatable; default: both)")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     from conformance.tools.mutants import Scratch, source_tree
 
     kernels = [a for k in ns.kernel or [] for a in ("--kernel", k)]

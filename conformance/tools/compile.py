@@ -123,10 +123,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"cuda:<sm> or hip:<arch> (default {DEFAULT_TARGET})")
     p.add_argument("--cases", type=int, help="cases drawn per kernel (default: dev 20, ci 60, nightly 400)")
     p.add_argument("--report", default="reports/compile.json", type=output_file)
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     if "triton_impl" in sys.modules:
         print("specdiff compile: the Triton kernels were already imported in this process; run the command on its own")
         return 2

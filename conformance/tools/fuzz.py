@@ -42,8 +42,10 @@ from hypothesis import strategies as st
 import contracts
 from conformance.arguments import kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
+from conformance.case import Case
+from conformance.casefile import FAILURES_DIR, save_in_flight
 from conformance.profiles import PROFILES, chosen
-from conformance.runner import FAILURES_DIR, Case, Disagreement, _copy_args, run_case, save_in_flight
+from conformance.runner import Disagreement, copy_args, run_case
 from contracts.spec import KernelSpec, Kind, Role
 
 # Malformed launches per profile, over all kernels (each launched on every validating backend).
@@ -386,8 +388,8 @@ APPLIES: dict[str, Callable[[KernelSpec], bool]] = {
 # and a quadratic check were fixed (C32), not listed.
 QUARANTINE: dict[tuple[str, str, str], str] = {}
 
-# Kinds every CI run must have produced at least once, over all kernels (issue 5's list, then the
-# hostile-input classes of issue 13).
+# Kinds every CI run must have produced at least once, over all kernels: the malformed launches,
+# then the hostile-input classes (docs/checks.md, "Bad input").
 REQUIRED_KINDS = ("wrong dtype", "wrong rank", "short buffer", "decreasing cumulative counts", "negative length",
                   "None for a required tensor", "ids outside the vocabulary", "aliased output", "negative view",
                   "sparse layout", "null data pointer", "output requires grad", "overflowing product", "huge count")
@@ -402,7 +404,7 @@ def malformed_cases(draw: st.DrawFn, kernel: str, kind: str) -> Malformed:
     from conformance.strategies import cases
 
     case = draw(cases(kernel))
-    args = _copy_args(case.args, "cpu")  # fresh tensors: the malformation never touches the case's own
+    args = copy_args(case.args, "cpu")  # fresh tensors: the malformation never touches the case's own
     applied = KINDS[kind](draw, case.spec, args)
     assume(applied is not None and (kernel, applied[0], applied[1]) not in QUARANTINE)
     kind, param, detail = applied
@@ -675,7 +677,7 @@ def quota_per_kernel(profile: str, n_kernels: int) -> int:
 
 
 def replay(path: str) -> int:
-    from conformance.runner import load_case
+    from conformance.casefile import load_case
 
     case = load_case(path)
     spec = case.spec
@@ -698,10 +700,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", default="reports/fuzz.json", type=output_file)
     p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.add_argument("--replay", help="re-check one saved malformed case")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     if ns.replay:
         return replay(ns.replay)
     from hypothesis import settings

@@ -30,7 +30,8 @@ from conformance.profiles import PROFILES
 ROOT = Path(__file__).resolve().parents[2]
 # Files whose change puts every kernel under the deep profile.
 EVERYTHING = (
-    "contracts/spec.py", "conformance/runner.py", "conformance/backends.py", "conformance/strategies/__init__.py",
+    "contracts/spec.py", "conformance/runner.py", "conformance/case.py", "conformance/casefile.py", "conformance/backend.py",
+    "conformance/backends.py", "conformance/strategies/__init__.py",
     "contracts/__init__.py", "cpu_impl/launcher.py", "cpu_impl/__init__.py", "csrc/common.h", "csrc/module.cpp",
     "csrc/launch.h", "csrc/launch.cpp",
     "triton_impl/__init__.py", "reference/__init__.py", "setup.py", "pyproject.toml", "constraints.txt",
@@ -97,10 +98,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rest", default="ci", choices=PROFILES, help="profile for the other kernels")
     p.add_argument("--dry-run", action="store_true", help="only print which kernels get which profile")
     p.add_argument("--reports", default="reports", type=output_dir)
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     from conformance.tools.mutants import source_tree
 
     source_tree("gate")

@@ -427,7 +427,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.add_argument("--shard", type=shard, metavar="K/N", help="only every N-th chosen mutant from the K-th: one share per machine")
     p.add_argument("--list", action="store_true", help="list the catalogue and check every mutant applies, then stop")
-    p.set_defaults(func=_cmd, check=_select)
+    p.set_defaults(func=cmd, check=_select)
 
 
 def _select(ns: argparse.Namespace) -> list[Mutant]:
@@ -448,7 +448,7 @@ def _select(ns: argparse.Namespace) -> list[Mutant]:
     return chosen
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     chosen = _select(ns)
     if ns.list:
         bad, wide = 0, max((len(m.id) for m in chosen), default=0) + 2

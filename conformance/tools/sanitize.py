@@ -161,10 +161,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--step", action="append", choices=ADDRESS_STEPS,
                    help="only this step under ASan+UBSan (repeatable; default: all three). CI runs conformance and threads; "
                         "the fuzz under ASan runs nightly")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     from conformance.tools.mutants import Scratch, source_tree
 
     reports = Path(ns.reports).resolve()

@@ -26,7 +26,9 @@ import torch
 
 from conformance.arguments import input_file
 from conformance.backends import BACKENDS, ORACLE
-from conformance.runner import Case, load_case, run_backend
+from conformance.case import Case
+from conformance.casefile import load_case
+from conformance.runner import run_backend
 
 WIDTH = 100
 # Every value of these is a float32 value, so float32's shortest decimal names it exactly.
@@ -164,9 +166,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("show", help="print a saved case as Python source: a Case literal, its @example line, the oracle's golden")
     p.add_argument("path", type=input_file)
     p.add_argument("--name", default="case", help="the variable the case is bound to (default: case)")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     print(source(load_case(ns.path), ns.name.replace("-", "_")), end="")
     return 0

@@ -34,7 +34,8 @@ import torch
 import contracts
 from conformance.arguments import backend_name, kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
-from conformance.runner import Case, _bits, _copy_args
+from conformance.case import Case
+from conformance.runner import bits, copy_args
 from contracts.spec import LAUNCH_OPTIONS, REQUIRED, KernelSpec, Kind
 
 UNKNOWN = "NOT_A_PARAMETER"
@@ -150,7 +151,7 @@ def example_case(kernel: str, predicate: Callable[[Case], bool] = lambda c: True
 
 def _launch(backend: Any, kernel: Any, case: Case, args: tuple[Any, ...] = (), **kwargs: Any) -> dict[str, Any]:
     """Launches with copies of the case's tensors; returns the copies (outputs written)."""
-    copies = _copy_args(case.args, backend.device())
+    copies = copy_args(case.args, backend.device())
     positional = [copies[n] for n in case.spec.arg_names[: len(args)]]
     keywords = {n: copies[n] for n in kwargs.pop("_names", ())}
     keywords.update(kwargs)
@@ -159,7 +160,7 @@ def _launch(backend: Any, kernel: Any, case: Case, args: tuple[Any, ...] = (), *
 
 
 def _outputs(spec: KernelSpec, copies: dict[str, Any]) -> list[torch.Tensor]:
-    return [_bits(copies[p.name]).cpu() for p in spec.outputs if isinstance(copies[p.name], torch.Tensor)]
+    return [bits(copies[p.name]).cpu() for p in spec.outputs if isinstance(copies[p.name], torch.Tensor)]
 
 
 # -- the checks ------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def check_backend(spec: KernelSpec, name: str, case: Case | None = None) -> list
         return []  # conformance reports missing kernels; partial backends answer for their own
     from conformance import engine
 
-    if isinstance(kernel, engine._Drifted):  # another release's parameters: reported, never launched
+    if isinstance(kernel, engine.Drifted):  # another release's parameters: reported, never launched
         return [Check(spec.name, name, "names", None if kernel.declared else False, kernel.message)]
     out: list[Check] = []
 
@@ -320,7 +321,7 @@ def _cpp_entry(spec: KernelSpec, kernel: Any) -> tuple[bool, str]:
         calls.clear()
         setattr(module, entry, lambda *a: calls.append(a))
         try:
-            kernel(**_copy_args(c.args, "cpu"))
+            kernel(**copy_args(c.args, "cpu"))
         except Exception:
             return False
         finally:
@@ -335,7 +336,7 @@ def _cpp_entry(spec: KernelSpec, kernel: Any) -> tuple[bool, str]:
     args = calls[-1]
     if len(args) != n:
         return False, f"the launcher passes {len(args)} arguments to cpu_impl._C.{family}.{entry}, the contract has {n}"
-    copies = _copy_args(case.args, "cpu")
+    copies = copy_args(case.args, "cpu")
     launched_again = []
     setattr(module, entry, lambda *a: launched_again.append(a))
     try:
@@ -378,7 +379,7 @@ def check_vllm(spec: KernelSpec) -> list[Check]:
         release = engine.located().release
         other = release is not None and release != engine.REFERENCE_RELEASE
         return [Check(spec.name, "vllm", "names", None if other else False, f"{spec.qualname} not found in vLLM {release or ''}".rstrip())]
-    if isinstance(obj, engine._Drifted):
+    if isinstance(obj, engine.Drifted):
         return [Check(spec.name, "vllm", "names", None if obj.declared else False, obj.message)]
     names = names_of(obj)
     out = [Check(spec.name, "vllm", "names", names == list(spec.arg_names), "" if names == list(spec.arg_names) else _diff_names(list(spec.arg_names), names or []))]
@@ -434,10 +435,10 @@ def add_parser(sub: Any) -> None:
                    help="also check the contracts against vLLM's own kernels, read from this release or path "
                         "(default: SPECDIFF_VLLM; skipped, with the reason, when none is named)")
     p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: Any) -> int:
+def cmd(ns: Any) -> int:
     if ns.vllm:
         from conformance import engine
 

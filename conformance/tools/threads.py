@@ -173,7 +173,7 @@ def _label(schedule: tuple[int, int]) -> str:
 def _describe(kernel: str, plan: list[tuple[int, int]], outs: dict[tuple[int, int], Any]) -> str:
     import torch
 
-    from conformance.runner import _bits
+    from conformance.runner import bits
 
     first = plan[0]
     base = outs[first]
@@ -184,7 +184,7 @@ def _describe(kernel: str, plan: list[tuple[int, int]], outs: dict[tuple[int, in
                 return f"{kernel}: {_label(first)}: {base.error or 'ok'}; {_label(schedule)}: {o.error or 'ok'}"
             continue
         for name in sorted(base.outputs):
-            a, b = _bits(base.outputs[name]).reshape(-1), _bits(o.outputs[name]).reshape(-1)
+            a, b = bits(base.outputs[name]).reshape(-1), bits(o.outputs[name]).reshape(-1)
             if not torch.equal(a, b):
                 i = int((a != b).nonzero()[0])
                 return (
@@ -200,7 +200,8 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
 
     import contracts
     from conformance.backends import BACKENDS
-    from conformance.runner import _key, _variants, replay_command, save_failure
+    from conformance.casefile import replay_command, save_failure
+    from conformance.runner import poison_variants, vote_key
     from conformance.strategies import cases
     from cpu_impl import _C
 
@@ -215,9 +216,9 @@ def check_kernel(kernel: str, counts: list[int], max_examples: int | None = None
     def prop(case: Any) -> None:
         tally["examples"] += 1
         try:
-            for variant in range(_variants(case.spec, case.args)):
+            for variant in range(poison_variants(case.spec, case.args)):
                 outs = _outputs(case, plan, variant)
-                if len({_key(o) for o in outs.values()}) > 1:
+                if len({vote_key(o) for o in outs.values()}) > 1:
                     path = save_failure(case)
                     raise ThreadDisagreement(f"{_describe(kernel, plan, outs)}\n  replay: {replay_command(path, 'threads', '--replay')}")
         finally:
@@ -263,14 +264,15 @@ def _outputs(case: Any, plan: list[tuple[int, int]], variant: int) -> dict[tuple
 
 
 def replay(path: str, counts: list[int]) -> int:
-    from conformance.runner import _key, _variants, load_case
+    from conformance.casefile import load_case
+    from conformance.runner import poison_variants, vote_key
 
     case = load_case(path)
     plan = _plan(counts, _shim_counters() is not None)
-    for variant in range(_variants(case.spec, case.args)):
+    for variant in range(poison_variants(case.spec, case.args)):
         outs = _outputs(case, plan, variant)
         _stagger(0)
-        if len({_key(o) for o in outs.values()}) > 1:
+        if len({vote_key(o) for o in outs.values()}) > 1:
             print(_describe(case.kernel, plan, outs))
             return 1
     print(f"{case.kernel}: identical under {', '.join(_label(x) for x in plan)}")
@@ -302,10 +304,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", default="reports/threads.json", type=output_file)
     p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.add_argument("--replay", help="re-run one saved case at every thread count")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=cmd)
 
 
-def _cmd(ns: argparse.Namespace) -> int:
+def cmd(ns: argparse.Namespace) -> int:
     counts = ns.threads or thread_counts()
     if not ns.no_force and os.environ.get(_ENV_FLAG) is None:
         lib = build_shim()

@@ -1,0 +1,71 @@
+"""What a backend is: how it resolves a kernel, where it runs, what it declines.
+
+The registry of backends by name is :mod:`conformance.backends`; this module holds only the types,
+so that a package defining backends (conformance/engine) needs nothing of the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from contracts.spec import KernelSpec
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Cases a backend declares it does not support (data: a name, the kernels, a test, the reason).
+
+    Such a case is still launched: a refusal with a Python exception is counted ``unsupported``,
+    never ``fail``; outputs the backend does produce are compared like any other.
+    """
+
+    name: str
+    kernels: tuple[str, ...] | None  # None: every kernel
+    when: Callable[[KernelSpec, Mapping[str, Any]], bool]
+    reason: str
+
+    def covers(self, spec: KernelSpec, args: Mapping[str, Any]) -> bool:
+        return (self.kernels is None or spec.name in self.kernels) and bool(self.when(spec, args))
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    # Returns the kernel object for ``spec`` or None when this backend does not implement it.
+    resolve: Callable[[KernelSpec], Any]
+    # Device the backend's tensors live on: "cpu" or "cuda".
+    device: Callable[[], str]
+    # How it runs, for reports: "oracle", "native", "compiled", "interpreted".
+    mode: Callable[[], str]
+    # None when usable here, else why not.
+    unavailable: Callable[[], str | None] = lambda: None
+    # The oracle is a plain function: called as kernel(**args), not kernel[grid](**args).
+    gridless: bool = False
+    # A backend that replaces only some kernels of another: compositions take the rest from
+    # ``base``; conformance checks only the kernels it implements itself.
+    base: str | None = None
+    # Refuses out-of-contract launches with TypeError/ValueError before touching memory (§1.12);
+    # the malformed-input fuzz (conformance/tools/fuzz.py) holds every such backend to it.
+    validates: bool = False
+    # The engine under test (vLLM's own kernels): run only when asked for, and its disagreements
+    # are findings about the engine (conformance/findings.py).
+    engine: bool = False
+    # What it declines (see Capability); Triton launch options it accepts and ignores (§1.9).
+    capabilities: tuple[Capability, ...] = ()
+    launch_options: bool = True
+    # Its kernels are Triton kernels: it has no form of a host function (KernelSpec.host), which
+    # is then "n/a" there rather than missing.
+    triton: bool = False
+
+    def applies(self, spec: KernelSpec) -> bool:
+        return not (spec.host and self.triton)
+
+    def unsupported(self, spec: KernelSpec, args: Mapping[str, Any]) -> str | None:
+        """The first declared capability the case falls outside of, or None."""
+        return next((c.name for c in self.capabilities if c.covers(spec, args)), None)
+
+    def launcher(self, kernel: Any, grid: Any) -> Any:
+        """What a launch calls: ``kernel[grid]``, or the kernel itself for a gridless backend."""
+        return kernel if self.gridless else kernel[grid]
