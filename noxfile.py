@@ -127,9 +127,12 @@ def package(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's own tests: goldens, launch forms, runner power, compositions, statistics."""
     install(session, "test")
-    # tests/test_conformance.py is the conformance session's: the rest is the harness's own tests.
-    session.run("python", "-m", "pytest", "--junitxml=reports/junit.xml", "--durations=15",
-                "--ignore=tests/test_conformance.py", *session.posargs)
+    # tests/test_conformance.py is the conformance session's: the rest is the harness's own tests, over
+    # every core, a module to a worker (test_fuzz's last test reads what its per-kernel tests left).
+    # Tests marked `nightly` are `nox -s nightly`'s; `-- -m nightly` runs them here.
+    marks = [] if "-m" in session.posargs else ["-m", "not nightly"]
+    session.run("python", "-m", "pytest", "-n", "auto", "--dist", "loadfile", "--junitxml=reports/junit.xml",
+                "--durations=15", "--ignore=tests/test_conformance.py", *marks, *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -371,6 +374,8 @@ def nightly(session: nox.Session) -> None:
     session.run("python", "-m", "conformance", "run", "--releases", ",".join(NIGHTLY_RELEASES), "--call-site",
                 success_codes=[0, 1])
     session.notify("e2e")  # the engine end to end, both methods and two rounds (CI runs its smoke)
+    session.run("python", "-m", "pytest", "-n", "auto", "-m", "nightly or composed", "--junitxml=reports/tests-nightly.xml",
+                env={"SPECDIFF_PROFILE": "nightly"})
     session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "--junitxml=reports/conformance-nightly.xml",
                 "--conformance-report=reports/conformance-nightly.json", *shard, env={"SPECDIFF_PROFILE": "nightly"})
 

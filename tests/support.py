@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import settings
 
 from compositions.sampler import launch
 from conformance import engine
 from conformance.backends import BACKENDS as REGISTERED
 from conformance.engine.source import cache_dir
+from conformance.profiles import chosen
 
 
 def vllm_spec() -> str | None:
@@ -34,6 +36,19 @@ def _engine_backends() -> tuple[str, ...]:
 
 
 BACKENDS = ("reference", "triton", "cpu", *_engine_backends())
+
+# Interpreted Triton at an engine's widths (8,192-column tiles, split top-p over whole rows) takes
+# minutes a test on two cores. `nox -s tests` runs these checks on the oracle and the C++ port and
+# leaves Triton's share to `nox -s nightly` (pytest marker `nightly`); compiled Triton runs them on
+# a GPU in seconds.
+TRITON_NIGHTLY = pytest.param("triton", marks=pytest.mark.nightly)
+
+
+def composed(test: Any) -> Any:
+    """A test that runs whole compositions (several kernels, every backend, interpreted Triton: seconds
+    an example): 25 examples under ci, 200 under nightly (`nox -s nightly` runs the tests marked
+    `composed`). Each kernel inside is checked at full depth by `nox -s conformance`."""
+    return pytest.mark.composed(settings(max_examples={"dev": 10, "ci": 25}.get(chosen(), 200))(test))
 
 
 def run(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> dict[str, Any]:

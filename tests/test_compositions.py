@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from support import BACKENDS, i32
+from support import BACKENDS, composed, i32
 
 from compositions.sampler import (
     SamplingMetadata,
@@ -91,6 +91,7 @@ def steps(draw):
     )
 
 
+@composed
 @given(step=steps())
 def test_rejection_sample_agrees_on_every_backend(step):
     step["noise"] = step["noise"].double() if step["use_fp64_gumbel"] else step["noise"]
@@ -105,6 +106,7 @@ def _accepted(out: torch.Tensor, n: list[int]) -> list[int]:
     return [int((row[: k + 1] != -1).sum()) - 1 for row, k in zip(out, n)]
 
 
+@composed
 @given(step=steps())
 def test_fly_infinite_threshold_is_fly_off_and_fly_only_adds_acceptances(step):
     if step["fly_window_size"] is None:  # FLy refuses synthetic mode: draw the step without it

@@ -11,7 +11,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from support import BACKENDS as BACKEND_NAMES
-from support import f32, i32, i64, run
+from support import TRITON_NIGHTLY, composed, f32, i32, i64, run
 
 from conformance.backends import BACKENDS
 from contracts import mrv2 as contract
@@ -745,7 +745,7 @@ def wide_resample_args(style: str, block: bool) -> dict[str, Any]:
         CONTEXT_WIDTH=1, WATERMARK=False, DEDUPLICATE_CONTEXTS=False)
 
 
-@pytest.mark.parametrize("backend", ["triton", "cpu"])
+@pytest.mark.parametrize("backend", [TRITON_NIGHTLY, "cpu"])
 @pytest.mark.parametrize("style, block", [("plain", False), ("plain", True), ("flat", False), ("equal", False)])
 def test_resample_wide_tiles(backend, style, block):
     # Tiles of many vectors, as the call site's 8192 columns are: the port scores only the vectors
@@ -821,6 +821,7 @@ def subset(batch: dict[str, Any], reqs: list[int]) -> dict[str, Any]:
     return out
 
 
+@composed
 @given(batch=mrv2_batches())
 def test_composition_backends_agree(batch):
     from compositions.sampler import mrv2_rejection_sample

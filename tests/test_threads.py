@@ -26,6 +26,9 @@ from conformance.tools import threads
 PROFILE = chosen()
 
 
+# CI runs this check under AddressSanitizer (`nox -s sanitize -- --step threads`); unsanitized, it is
+# the nightly's.
+@pytest.mark.nightly
 def test_every_cpp_kernel_is_bit_identical_at_1_2_3_and_all_threads(tmp_path):
     report = tmp_path / "threads.json"
     done = subprocess.run([sys.executable, "-m", "conformance", "threads", "--profile", PROFILE, "--report", str(report)],

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import BACKENDS as BACKEND_NAMES
-from support import f32, i32, refused, run
+from support import TRITON_NIGHTLY, f32, i32, refused, run
 
 from compositions import sampler as compositions
 from conformance.backends import BACKENDS
@@ -25,6 +25,7 @@ K = contract.KERNEL
 INF = float("inf")
 backends = pytest.mark.parametrize("backend", BACKEND_NAMES)
 ours = pytest.mark.parametrize("backend", ["reference", "triton", "cpu"])
+ours_wide = pytest.mark.parametrize("backend", ["reference", TRITON_NIGHTLY, "cpu"])  # whole rows through the split pipeline
 TIES = [1.0, 3.0, 3.0, 3.0, 0.0, 2.0, 2.0, -1.0]
 
 
@@ -346,7 +347,7 @@ def split_batches(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor | None, t
     return x, k, p
 
 
-@ours
+@ours_wide
 @settings(max_examples=12, deadline=None)
 @given(batch=split_batches(), num_sm=st.sampled_from([1, 8, 132]))
 def test_split_pipeline_as_vllm_launches_it_is_c35_top_p(backend, batch, num_sm):
@@ -383,7 +384,7 @@ def test_any_backend_takes_over_mid_pipeline():
         assert torch.equal(y.view(torch.int32), c35_top_p(x, None, p).view(torch.int32))
 
 
-@ours
+@ours_wide
 def test_the_last_round_finishes_what_the_rounds_leave_open(backend):
     # 1000 distinct keys packed into a few ulps around each of two values: one round (6 bins of the
     # key range) cannot isolate the cut-off; the finishing round must search the row.
@@ -398,7 +399,7 @@ def test_the_last_round_finishes_what_the_rounds_leave_open(backend):
         assert (last[:, :, 0] == 1).all()  # each slice's finishing record: found
 
 
-@ours
+@ours_wide
 @settings(max_examples=8, deadline=None)
 @given(batch=split_batches())
 def test_the_host_gives_a_row_one_mask_whichever_path_it_takes(backend, batch):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hypothesis import Phase
 from hypothesis import strategies as st
 
 import contracts
@@ -395,15 +396,45 @@ REQUIRED_KINDS = ("wrong dtype", "wrong rank", "short buffer", "decreasing cumul
                   "sparse layout", "null data pointer", "output requires grad", "overflowing product", "huge count")
 
 
-@st.composite
-def malformed_cases(draw: st.DrawFn, kernel: str, kind: str) -> Malformed:
-    """A valid case of ``kernel`` with one malformation of ``kind`` (see :data:`KINDS`); a case the
-    kind does not apply to, or a quarantined (kernel, kind, parameter), is rejected (``assume``)."""
-    from hypothesis import assume
+# Valid cases each malformation starts from, drawn once per kernel. Drawing a case can cost far more
+# than launching it (the split top-p cases run the oracle's earlier rounds to fill their workspace,
+# about 0.15 s), and most draws of a kind end in contract and are thrown away: the malformation is
+# what the fuzz varies, over a pool of a quarter as many valid cases as the kernel's quota, 16 to 256.
+_pools: dict[tuple[str, int], list[Case]] = {}
+
+
+def pool_size(quota: int) -> int:
+    return min(256, max(16, quota // 4))
+
+
+def base_cases(kernel: str, n: int) -> list[Case]:
+    """``n`` valid cases of ``kernel`` for the malformations to start from (derandomized, drawn once)."""
+    from hypothesis import HealthCheck, given, settings
 
     from conformance.strategies import cases
 
-    case = draw(cases(kernel))
+    if (kernel, n) not in _pools:
+        pool: list[Case] = []
+
+        @settings(max_examples=n, derandomize=True, database=None, deadline=None,
+                  suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+        @given(case=cases(kernel))
+        def collect(case: Case) -> None:
+            pool.append(case)
+
+        collect()
+        _pools[kernel, n] = pool
+    return _pools[kernel, n]
+
+
+@st.composite
+def malformed_cases(draw: st.DrawFn, kernel: str, kind: str, pool: int = 16) -> Malformed:
+    """A valid case of ``kernel`` (one of ``pool``, :func:`base_cases`) with one malformation of ``kind`` (see
+    :data:`KINDS`); a case the kind does not apply to, or a quarantined (kernel, kind, parameter), is
+    rejected (``assume``)."""
+    from hypothesis import assume
+
+    case = draw(st.sampled_from(base_cases(kernel, pool)))
     args = copy_args(case.args, "cpu")  # fresh tensors: the malformation never touches the case's own
     applied = KINDS[kind](draw, case.spec, args)
     assume(applied is not None and (kernel, applied[0], applied[1]) not in QUARANTINE)
@@ -627,7 +658,7 @@ def check_kernel(kernel: str, quota: int, guard: int | None = None, save_dir: Pa
             break
 
         @settings(max_examples=per_kind, suppress_health_check=list(HealthCheck))
-        @given(m=malformed_cases(kernel, kind))
+        @given(m=malformed_cases(kernel, kind, pool_size(quota)))
         def prop(m: Malformed) -> None:
             signal.alarm(EXAMPLE_SECONDS)
             try:
