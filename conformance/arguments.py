@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+
+def unknown(what: str, value: str, known: list[str]) -> str:
+    """The message for a name that is not one of ``known``: the closest names when some are close, else all."""
+    close = difflib.get_close_matches(value, known, n=3, cutoff=0.8)
+    if close:
+        return f"unknown {what} {value!r}; did you mean {' or '.join(map(repr, close))}?"
+    return f"unknown {what} {value!r}; known: {', '.join(known)}"
 
 
 def kernel_name(value: str) -> str:
@@ -16,7 +25,7 @@ def kernel_name(value: str) -> str:
     import contracts
 
     if value not in contracts.SPECS:
-        raise argparse.ArgumentTypeError(f"unknown kernel {value!r}; known: {', '.join(contracts.SPECS)}")
+        raise argparse.ArgumentTypeError(unknown("kernel", value, list(contracts.SPECS)))
     return value
 
 
@@ -25,7 +34,7 @@ def backend_name(value: str) -> str:
     from conformance.backends import BACKENDS
 
     if value not in BACKENDS:
-        raise argparse.ArgumentTypeError(f"unknown backend {value!r}; known: {', '.join(BACKENDS)}")
+        raise argparse.ArgumentTypeError(unknown("backend", value, list(BACKENDS)))
     return value
 
 
@@ -41,9 +50,9 @@ def output_file(value: str) -> str:
     """A file the command can write (``--report``, ``--junit``): its directory is created and the file
     opened for append, then what the check created is removed again."""
     path = Path(value)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{value!r} is a directory, not a file")
     try:
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{value!r} is a directory, not a file")
         with _created(path.parent):
             existed = path.exists()
             with open(path, "a"):
@@ -58,9 +67,9 @@ def output_file(value: str) -> str:
 def output_dir(value: str) -> str:
     """A directory the command can write reports into (``--reports``), checked the same way."""
     path = Path(value)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
     try:
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
         with _created(path), tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:

@@ -295,6 +295,11 @@ def plain(doc: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        chosen()  # every subcommand's default profile: a bad SPECDIFF_PROFILE is one line, before any parser
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="python -m conformance", description=plain(__doc__), formatter_class=raw)
     sub = parser.add_subparsers(dest="command", required=True)

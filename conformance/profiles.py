@@ -35,4 +35,7 @@ DEFAULT = "ci"
 
 def chosen() -> str:
     """The profile a command runs when none is named: ``SPECDIFF_PROFILE``, else ``ci``."""
-    return os.environ.get("SPECDIFF_PROFILE") or DEFAULT
+    value = os.environ.get("SPECDIFF_PROFILE") or DEFAULT
+    if value not in PROFILES:
+        raise ValueError(f"SPECDIFF_PROFILE={value!r}: expected one of {', '.join(PROFILES)}")
+    return value

@@ -6,10 +6,14 @@ own library compiled-only, and every interpreted kernel that calls it would then
 call @triton.jit'd outside of the scope of a kernel")."""
 
 import triton_impl  # noqa: F401, I001  (first: see above)
+import pytest
 from hypothesis import settings
 
 from conformance.profiles import chosen
 
 pytest_plugins = ["conformance.pytest_plugin"]
 
-settings.load_profile(chosen())
+try:
+    settings.load_profile(chosen())
+except ValueError as e:  # a bad SPECDIFF_PROFILE: one line, not a conftest traceback
+    raise pytest.UsageError(str(e)) from None

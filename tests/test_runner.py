@@ -157,8 +157,14 @@ def _usage_error(argv, capsys):
 
 @pytest.mark.parametrize("command", ["run", "threads", "fuzz", "signatures", "sanitize"])
 def test_an_unknown_kernel_is_a_usage_error_listing_the_known_ones(command, capsys):
-    err = _usage_error([command, "--kernel", "expand_kernal"], capsys)
-    assert "argument --kernel: unknown kernel 'expand_kernal'; known: " in err and "expand_kernel" in err
+    err = _usage_error([command, "--kernel", "nope"], capsys)
+    assert "argument --kernel: unknown kernel 'nope'; known: " in err and "expand_kernel" in err
+
+
+def test_a_misspelt_name_is_answered_with_the_closest_ones(capsys):
+    err = _usage_error(["run", "--kernel", "sample_recovered_token_kernel"], capsys)
+    assert "unknown kernel 'sample_recovered_token_kernel'; did you mean 'sample_recovered_tokens_kernel'?" in err, err
+    assert "did you mean 'triton'?" in _usage_error(["run", "--backend", "tritn"], capsys)
 
 
 @pytest.mark.parametrize("command", ["run", "signatures", "mutants"])
@@ -182,6 +188,17 @@ def test_bad_report_paths_fail_before_the_run(tmp_path, capsys):
         err = _usage_error(["run", "--kernel", "expand_kernel", option, str(value)], capsys)
         assert f"argument {option}: " in err and message in err, err
     assert "argument --reports: " in _usage_error(["sanitize", "--reports", str(tmp_path / "file")], capsys)
+    long = str(tmp_path / ("r" * 300 + ".json"))  # past NAME_MAX: the stat itself fails
+    err = _usage_error(["run", "--kernel", "expand_kernel", "--report", long], capsys)
+    assert "argument --report: cannot write" in err and "File name too long" in err, err
+    err = _usage_error(["sanitize", "--reports", str(tmp_path / ("d" * 300))], capsys)
+    assert "argument --reports: cannot write into" in err, err
+
+
+def test_a_bad_profile_in_the_environment_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("SPECDIFF_PROFILE", "bogus")
+    assert cli.main(["list"]) == 2
+    assert capsys.readouterr().err == "error: SPECDIFF_PROFILE='bogus': expected one of dev, ci, nightly\n"
 
 
 def test_the_report_path_check_leaves_nothing_behind(tmp_path):
