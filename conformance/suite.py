@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 import traceback
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import hypothesis
 from hypothesis import Phase, given, settings
@@ -49,6 +50,29 @@ def backend_mode(name: str) -> str:
     return mode
 
 
+class Progress:
+    """One live line on a terminal while a kernel runs: its examples so far, its backends, the time.
+    Nothing at all when the stream is not a terminal (CI logs, pipes, pytest's capture)."""
+
+    def __init__(self, kernel: str, backends: list[str], stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.text = f"{kernel} on {', '.join(backends)}"
+        self.started = self.shown = time.perf_counter()
+
+    def tick(self, examples: int) -> None:
+        now = time.perf_counter()
+        if self.live and now - self.shown >= 0.5:
+            self.shown = now
+            self.stream.write(f"\r\033[K  {self.text}: {examples} examples, {now - self.started:.0f} s")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
 def check_kernel(
     name: str, backends: list[str], seed: int | None, states: Counter[str] | None = None, shrink: bool = True,
     findings: Findings | None = None, call_site: bool = False, examples: Sequence[Case] = (),
@@ -69,9 +93,12 @@ def check_kernel(
     declined: Counter[str] = Counter()
     departed: Counter[str] = Counter()
 
+    progress = Progress(name, backends)
+
     @given(case=cases(name, call_site=call_site))
     def prop(case: Any) -> None:
         tally["examples"] += 1
+        progress.tick(tally["examples"])
         notes: list[Diff] = []
         try:
             outcomes = run_case(case, backends, notes)
@@ -108,6 +135,8 @@ def check_kernel(
         failure = d
     except Exception as e:  # a harness or strategy error: every backend's result is unknown
         failure = e
+    finally:
+        progress.close()
     report = {}
     for b in backends:
         entry: dict[str, Any] = {

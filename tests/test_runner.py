@@ -457,3 +457,23 @@ def test_help_reads_as_plain_text(capsys):
         assert "``" not in out and ":func:" not in out and ":data:" not in out, argv
         if argv[0] != "--help":
             assert len(out.splitlines()) > 8, f"{argv[0]} --help has no description"
+
+
+def test_a_kernel_shows_a_live_line_on_a_terminal_and_nothing_elsewhere():
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, live in ((Terminal(), True), (io.StringIO(), False)):
+        progress = suite.Progress("expand_kernel", ["reference", "cpu"], stream)
+        progress.shown -= 1  # past the half-second between updates
+        progress.tick(7)
+        progress.tick(8)  # within it: not drawn
+        progress.close()
+        if live:
+            assert stream.getvalue().startswith("\r\033[K  expand_kernel on reference, cpu: 7 examples, ")
+            assert "8 examples" not in stream.getvalue() and stream.getvalue().endswith("\r\033[K")
+        else:
+            assert stream.getvalue() == ""
