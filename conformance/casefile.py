@@ -277,13 +277,20 @@ def _view(entry: Any, blobs: dict[str, torch.Tensor], where: str) -> torch.Tenso
 NOT_SAVED = "none: the case could not be saved (see the warning above)"
 
 
+_warned: set[tuple[str, str, str]] = set()
+
+
 def save_failure(case: Case, path: Path | None = None, meta: dict[str, Any] | None = None) -> Path | None:
     """``save_case`` for a failing case: a failures directory that cannot be written (or a case that cannot
-    be saved) is a warning, so that the failure is still reported as itself; None then."""
+    be saved) is a warning, so that the failure is still reported as itself; None then. The warning is
+    printed once per kernel, place and reason: shrinking saves every smaller failing case it finds."""
     try:
         return save_case(case, path, meta)
     except (OSError, ValueError) as e:
-        print(f"warning: could not save the failing {case.kernel} case under {path or FAILURES_DIR}: {e}", file=sys.stderr, flush=True)
+        key = (case.kernel, str(path or FAILURES_DIR), f"{type(e).__name__}: {e}")
+        if key not in _warned:
+            _warned.add(key)
+            print(f"warning: could not save the failing {case.kernel} case under {key[1]}: {e}", file=sys.stderr, flush=True)
         return None
 
 
