@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import contracts
 from conformance import casefile, runner, suite
 from conformance.backends import ORACLE
 
@@ -132,6 +133,11 @@ def supervise(argv: list[str], report_path: str, junit_path: str | None, require
         merged["crashed"] = crashed
     if unloadable:
         merged["unloadable"] = unloadable
+    if crashed:  # each child's table holds its own kernels: the whole run's, crashes included, once more
+        order = [k for k in contracts.SPECS if k in kernels] + [k for k in kernels if k not in contracts.SPECS]
+        backends = list(dict.fromkeys(b for k in order for b in kernels[k]))
+        print("\nthe whole run, every child merged:\n" + suite.table({k: kernels[k] for k in order}, backends))
+        print(f"FAILED: {', '.join(f'{k}/{b} (crash)' for k in crashed for b, e in kernels.get(k, {}).items() if e['status'] == 'crash')}")
     path = suite.write_report(report_path, merged)
     print(f"\nreport (every child merged): {path}")
     if junit_path:

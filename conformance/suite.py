@@ -247,7 +247,7 @@ def table(results: Results, backends: list[str]) -> str:
         row = [f"{kernel:<{width}}"]
         for b in backends:
             e = per.get(b)
-            cell = "-" if e is None else f"{e['status']} {e['examples']} ({e['mode']})"
+            cell = "-" if e is None else f"{e['status']} {e['examples']} ({e.get('mode', '-')})"
             extra = [f"{e[k]} {k}" for k in ("unsupported", "departs") if e and e.get(k)]
             cell += f" [{', '.join(extra)}]" if extra else ""
             row.append(f"{cell:<38}")

@@ -362,6 +362,9 @@ def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_o
     assert saved.exists() and str(saved) in crash["message"]
     assert casefile.load_case(saved).args["cu_num_tokens_ptr"].numel() >= 3  # the very case that crashed
     assert "crash" in junit_xml.read_text()
+    merged = done.stdout[done.stdout.index("the whole run, every child merged:"):]  # the crashed kernel keeps its row
+    row = next(line for line in merged.splitlines() if line.startswith("expand_kernel "))
+    assert "crash 0" in row and "FAILED: expand_kernel/crashy (crash)" in merged, merged
 
 
 UNLOADABLE = '''
