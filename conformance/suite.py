@@ -239,7 +239,9 @@ def state_coverage(name: str, seen: Counter[str], complete: bool) -> dict[str, A
 
 
 def table(results: Results, backends: list[str]) -> str:
-    """The kernel x backend table of a run: each cell the status, examples and mode."""
+    """The kernel x backend table of a run: each cell the status, examples and mode. A backend with no
+    entry in any row (a partial backend that implements none of these kernels) has no column."""
+    backends = [b for b in backends if any(b in per for per in results.values())]
     width = max(len(k) for k in results) + 2
     cols = [f"{'kernel':<{width}}"] + [f"{b:<38}" for b in backends]
     lines = ["".join(cols), "-" * (width + 38 * len(backends))]

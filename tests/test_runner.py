@@ -480,3 +480,13 @@ def test_a_kernel_shows_a_live_line_on_a_terminal_and_nothing_elsewhere():
             assert "8 examples" not in stream.getvalue() and stream.getvalue().endswith("\r\033[K")
         else:
             assert stream.getvalue() == ""
+
+
+def test_a_backend_without_any_of_the_kernels_has_no_column():
+    e = {"status": "pass", "examples": 3, "failures": 0, "mode": "native"}
+    text = suite.table({"expand_kernel": {"reference": e, "cpu": e}}, ["reference", "triton-split", "cpu"])
+    assert "triton-split" not in text and text.splitlines()[0].split() == ["kernel", "reference", "cpu"]
+
+
+def test_the_interpreters_ieee_warnings_are_filtered(pytestconfig):
+    assert "ignore::RuntimeWarning:triton.runtime.interpreter" in pytestconfig.getini("filterwarnings")
