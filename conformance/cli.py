@@ -82,7 +82,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
     if ns.isolate and isolate.child_dir() is None:  # a crashing backend is reported, not the end of the run
         seed = [] if ns.seed is not None or settings.get_profile(ns.profile).derandomize else ["--seed", str(random.getrandbits(32))]
-        return isolate.supervise([*ns.argv, *seed], ns.report, ns.junit, require)  # every child draws the same cases
+        known = findings_mod.expected(ns.expected)
+        return isolate.supervise([*ns.argv, *seed], ns.report, ns.junit, require, known)  # every child draws the same cases
     skip: set[str] = set()
     if isolate.child_dir() is not None:
         report_path, skip = isolate.start_child_recording()

@@ -367,6 +367,24 @@ def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_o
     assert "crash 0" in row and "FAILED: expand_kernel/crashy (crash)" in merged, merged
 
 
+def test_a_crash_where_an_out_of_bounds_access_is_listed_is_that_finding(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(CRASHY)
+    (tmp_path / "expected.toml").write_text(
+        '[[finding]]\nid = "X1-asan"\nkernel = "expand_kernel"\nbackend = "crashy"\noutput = "-"\n'
+        'kind = "asan heap-buffer-overflow"\nrule = "heap-buffer-overflow in expand"\ndefect = "reads past the buffer"\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)]),
+           "SPECDIFF_FAILURES": str(tmp_path / "failures")}
+    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--profile", "dev", "--kernel", "expand_kernel",
+                           "--backend", "crashy", "--backend", "cpu", "--no-require-coverage", "--expected",
+                           str(tmp_path / "expected.toml"), "--report", str(tmp_path / "r.json")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    crash = json.loads((tmp_path / "r.json").read_text())["kernels"]["expand_kernel"]["crashy"]
+    assert crash["status"] == "crash" and crash["expected"] == "X1-asan", crash
+    assert "expected: X1-asan" in done.stdout and "FAILED" not in done.stdout
+
+
 UNLOADABLE = '''
 import os
 import signal
