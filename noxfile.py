@@ -72,6 +72,8 @@ def engine(session: nox.Session) -> None:
     # three quarters of the time.
     if not any(a.split("=")[0] == "--backend" for a in args):
         args = [*(f"--backend={b}" for b in ENGINE_BACKENDS), *args]
+    if not any(a.split("=")[0] in ("--jobs", "-j") for a in args):
+        args = ["--jobs=auto", *args]  # a kernel per core
     session.run("python", "-m", "conformance", "run", "--call-site", "--report", "reports/engine.json",
                 "--junit", "reports/engine.xml", *args)
 
@@ -371,7 +373,7 @@ def nightly(session: nox.Session) -> None:
     session.run("python", "-m", "conformance", "clones")
     session.run("python", "-m", "conformance", "sanitize", "--step", "fuzz")  # CI runs the other two steps
     # Every release with a CPU port, then one table (CI checks 0.33.0 alone, in `nox -s engine`).
-    session.run("python", "-m", "conformance", "run", "--releases", ",".join(NIGHTLY_RELEASES), "--call-site",
+    session.run("python", "-m", "conformance", "run", "--releases", ",".join(NIGHTLY_RELEASES), "--call-site", "--jobs=auto",
                 success_codes=[0, 1])
     session.notify("e2e")  # the engine end to end, both methods and two rounds (CI runs its smoke)
     session.run("python", "-m", "pytest", "-n", "auto", "-m", "nightly or composed", "--junitxml=reports/tests-nightly.xml",

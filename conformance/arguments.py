@@ -46,6 +46,17 @@ def shard(value: str) -> tuple[int, int]:
     return int(k), int(n)
 
 
+def jobs(value: str) -> int:
+    """``--jobs N`` or ``auto`` (every core): processes a command spreads its kernels over."""
+    import os
+
+    if value == "auto":
+        return os.cpu_count() or 1
+    if not (value.isdigit() and int(value) >= 1):
+        raise argparse.ArgumentTypeError(f"--jobs {value!r} must be a positive integer or auto")
+    return int(value)
+
+
 def output_file(value: str) -> str:
     """A file the command can write (``--report``, ``--junit``): its directory is created and the file
     opened for append, then what the check created is removed again."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import random
 import re
 import sys
@@ -20,12 +21,12 @@ from hypothesis import settings
 import contracts
 from conformance import engine, isolate, suite
 from conformance import findings as findings_mod
-from conformance.arguments import backend_name, input_file, kernel_name, output_file
+from conformance.arguments import backend_name, input_file, jobs, kernel_name, output_file
 from conformance.backends import BACKENDS, ORACLE
 from conformance.casefile import load_case
 from conformance.engine.source import SourceError
 from conformance.findings import Findings
-from conformance.profiles import PROFILES, chosen
+from conformance.profiles import INTERPRETED_EXAMPLES, PROFILES, chosen
 from conformance.runner import Diff, Disagreement, run_case
 from conformance.suite import BUILT_IN, backend_mode
 
@@ -83,18 +84,18 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.isolate and isolate.child_dir() is None:  # a crashing backend is reported, not the end of the run
         seed = [] if ns.seed is not None or settings.get_profile(ns.profile).derandomize else ["--seed", str(random.getrandbits(32))]
         known = findings_mod.expected(ns.expected)
-        return isolate.supervise([*ns.argv, *seed], ns.report, ns.junit, require, known)  # every child draws the same cases
-    skip: set[str] = set()
+        # every child draws the same cases
+        return isolate.supervise([*ns.argv, *seed], ns.report, ns.junit, require, known, ns.jobs)
+    if ns.jobs > 1 and isolate.child_dir() is None:
+        raise ValueError("--jobs runs kernels in child processes: it cannot be combined with --no-isolate")
     if isolate.child_dir() is not None:
-        report_path, skip = isolate.start_child_recording()
-        ns.report, ns.junit = str(report_path), None
+        ns.report, ns.junit = str(isolate.start_child_recording()), None
     settings.load_profile(ns.profile)
     profile = settings.get_profile(ns.profile)
     seed = ns.seed
     if seed is None and not profile.derandomize:
         seed = random.getrandbits(32)  # printed, so any failure can be replayed with --seed
     names, backends = _select(ns)
-    names = [n for n in names if n not in skip]
     dead = isolate.unloadable() if isolate.child_dir() is not None else {}
     backends = [b for b in backends if b not in dead]
     if isolate.child_dir() is not None:
@@ -131,10 +132,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     unseen: list[findings_mod.Expected] = []
     try:  # the report is written whatever happens: what was collected, and why the run stopped
         for name in names:
+            if isolate.child_dir() is not None and not isolate.claim(name):
+                continue  # another child runs it, or ran it
             # Rewritten before every kernel: a process killed mid-kernel leaves what it had, and names the kernel.
             report["running"] = name
             suite.write_report(ns.report, report)
-            run = suite.run_kernel(name, backends, asked, seed, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site)
+            run = suite.run_kernel(name, backends, asked, seed, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site,
+                                   interpreted=INTERPRETED_EXAMPLES.get(ns.profile))
             results[name], kernel_seconds[name] = run.entries, run.seconds
             statuses = {b: e["status"] for b, e in results[name].items()}
             print(f"  {name}: {statuses} in {kernel_seconds[name]} s", flush=True)
@@ -144,22 +148,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
                     break
             states[name] = run.coverage
         report.pop("running", None)
-        print()
-        print(suite.table(results, backends))
-        print("\nstate classes reached (cases):")
-        for name, st in states.items():
-            line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
-            print(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
-        relied = {k: {h: n for h, n in st.get("hazards", {}).items() if n} for k, st in states.items()}
-        if any(relied.values()):
-            print("\nhazards: cases decided by a rule the contract keeps because vLLM 0.33.0 behaves so (coverage.HAZARDS):")
-            for name, hz in relied.items():
-                if hz:
-                    print(f"  {name}: " + ", ".join(f"{h} {n}" for h, n in hz.items()))
+        if suite.LANES not in os.environ:  # side by side, the supervisor prints the whole run's
+            print("\n" + suite.summary(results, backends, states))
         if found is not None:
             found.save({"backends": backends})
             listed = findings_mod.expected(ns.expected, engine.release()) if engine_run else []
-            unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in names and not e.kind.startswith("asan")]
+            unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in results and not e.out_of_bounds]
             report["vllm"] = engine.named()
             report["findings"] = [{**f.to_json(), "release": engine.release()} for f in found]
             _print_findings(found, unseen, engine.release() if engine_run else None)
@@ -311,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seed", type=int, help="Hypothesis seed (printed when a profile is not derandomized)")
     run.add_argument("--report", default="reports/conformance.json", type=output_file)
     run.add_argument("--junit", type=output_file, help="also write a JUnit XML report here (one test per kernel and backend, one per kernel's state coverage)")
+    run.add_argument("--jobs", "-j", default="1", type=jobs,
+                     help="child processes running kernels side by side (auto: every core); each kernel runs in one")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
     run.add_argument("--vllm", metavar="VERSION|PATH",
                      help="also run vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): a release such as 0.33.0 "
@@ -357,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError, SourceError) as e:  # bad names, paths or files: one line, no traceback
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `specdiff list | head`: the reader left; nothing more to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

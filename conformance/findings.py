@@ -107,6 +107,12 @@ class Expected:
     defect: str
     releases: tuple[str, ...] = ()  # only these vLLM releases have it; empty: every release checked
 
+    @property
+    def out_of_bounds(self) -> bool:
+        """An access outside a buffer, seen under a sanitizer: without one it may crash or pass
+        unnoticed, so a plain run neither misses it nor fails on the crash it can cause."""
+        return self.kind.startswith("asan")
+
 
 def expected(path: str | Path | None = None, release: str | None = None) -> list[Expected]:
     """The engine's known defects (conformance/engine/expected.toml, or ``path``): data, never code.

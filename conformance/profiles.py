@@ -30,6 +30,10 @@ settings.register_profile("ci", _BASE, max_examples=200, derandomize=True, datab
 settings.register_profile("nightly", _BASE, max_examples=2000, derandomize=False, **_COMMON)
 
 PROFILES = ("dev", "ci", "nightly")
+# Cases per kernel that specdiff's interpreted backends (Triton on NumPy, about a second a case for
+# the widest kernels) run under each profile, where fewer than the profile's examples: the first
+# ones drawn, beside every case on the oracle and the port. The nightly runs them all.
+INTERPRETED_EXAMPLES = {"ci": 50}
 DEFAULT = "ci"
 
 

@@ -32,7 +32,7 @@ from conformance import suite
 from conformance.arguments import shard
 from conformance.backends import ORACLE
 from conformance.case import Case
-from conformance.profiles import chosen
+from conformance.profiles import INTERPRETED_EXAMPLES, chosen
 
 PROPERTY = "specdiff-conformance"
 
@@ -62,7 +62,7 @@ def check(kernel: str, backend: str, examples: Sequence[Case] = ()) -> dict[str,
     if backend not in runnable:
         return {"kernel": kernel, "backends": skipped, "coverage": None}
     seen: Counter[str] = Counter()
-    per = suite.check_kernel(kernel, [ORACLE, backend], None, seen, examples=examples)
+    per = suite.check_kernel(kernel, [ORACLE, backend], None, seen, examples=examples, interpreted=INTERPRETED_EXAMPLES.get(chosen()))
     complete = all(e["status"] == "pass" for e in per.values())
     return {"kernel": kernel, "backends": per, "coverage": suite.state_coverage(kernel, seen, complete)}
 

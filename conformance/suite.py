@@ -50,13 +50,18 @@ def backend_mode(name: str) -> str:
     return mode
 
 
+# Set in the children of a run with --jobs above 1 (conformance/isolate.py): their number.
+LANES = "SPECDIFF_RUN_LANES"
+
+
 class Progress:
     """One live line on a terminal while a kernel runs: its examples so far, its backends, the time.
-    Nothing at all when the stream is not a terminal (CI logs, pipes, pytest's capture)."""
+    Nothing at all when the stream is not a terminal (CI logs, pipes, pytest's capture), or when
+    children of one run share it."""
 
     def __init__(self, kernel: str, backends: list[str], stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)()) and LANES not in os.environ
         self.text = f"{kernel} on {', '.join(backends)}"
         self.started = self.shown = time.perf_counter()
 
@@ -75,7 +80,7 @@ class Progress:
 
 def check_kernel(
     name: str, backends: list[str], seed: int | None, states: Counter[str] | None = None, shrink: bool = True,
-    findings: Findings | None = None, call_site: bool = False, examples: Sequence[Case] = (),
+    findings: Findings | None = None, call_site: bool = False, examples: Sequence[Case] = (), interpreted: int | None = None,
 ) -> dict[str, Entry]:
     """Runs the kernel's Hypothesis cases through ``backends``; returns a per-backend report.
 
@@ -83,7 +88,8 @@ def check_kernel(
     With ``findings`` the run keeps going: every example runs and every disagreement, departure
     and unsupported case is added there; without, the first disagreement stops the kernel (and is
     shrunk). ``call_site`` draws only what vLLM's call sites pass. ``examples`` run first, every
-    time (cases found earlier and frozen, tests/found_cases.py).
+    time (cases found earlier and frozen, tests/found_cases.py). ``interpreted`` caps the cases
+    specdiff's interpreted backends run (the first ones drawn; the others run every case).
     """
     from conformance import coverage
     from conformance.strategies import cases
@@ -94,14 +100,16 @@ def check_kernel(
     departed: Counter[str] = Counter()
 
     progress = Progress(name, backends)
+    capped = {b for b in backends if interpreted is not None and not BACKENDS[b].engine and BACKENDS[b].mode() == "interpreted"}
 
     @given(case=cases(name, call_site=call_site))
     def prop(case: Any) -> None:
         tally["examples"] += 1
         progress.tick(tally["examples"])
         notes: list[Diff] = []
+        these = [b for b in backends if b not in capped or tally["examples"] <= interpreted]
         try:
-            outcomes = run_case(case, backends, notes)
+            outcomes = run_case(case, these, notes)
         except Disagreement as d:
             odd.update(d.backends)
             if findings is None:
@@ -141,7 +149,7 @@ def check_kernel(
     for b in backends:
         entry: dict[str, Any] = {
             "status": "fail" if odd[b] else "pass",
-            "examples": tally["examples"],
+            "examples": min(tally["examples"], interpreted) if b in capped else tally["examples"],
             "failures": odd[b],
             "unsupported": declined[b],
             "departs": departed[b],
@@ -207,14 +215,14 @@ class KernelRun:
 
 
 def run_kernel(name: str, backends: list[str], asked: set[str], seed: int | None, *, shrink: bool = True,
-               findings: Findings | None = None, call_site: bool = False) -> KernelRun:
+               findings: Findings | None = None, call_site: bool = False, interpreted: int | None = None) -> KernelRun:
     """The kernel through every backend of ``backends`` that can run it (:func:`available`), when two can;
     when fewer can, the one that could is ``not compared``, never a pass."""
     runnable, skipped = available(name, backends, asked)
     seen: Counter[str] = Counter()
     started = time.perf_counter()
     if len(runnable) > 1:
-        per = check_kernel(name, runnable, seed, seen, shrink=shrink, findings=findings, call_site=call_site)
+        per = check_kernel(name, runnable, seed, seen, shrink=shrink, findings=findings, call_site=call_site, interpreted=interpreted)
         per.update(skipped)
     else:
         per = {**skipped, **{b: not_compared(name, b, runnable, skipped) for b in runnable or [ORACLE]}}
@@ -236,6 +244,19 @@ def state_coverage(name: str, seen: Counter[str], complete: bool) -> dict[str, A
         "hazards": {c: seen[c] for c in hazards},  # cases where a hazardous rule of the engine decided (coverage.HAZARDS)
         "missing": (coverage.missing(name, seen) if complete else []) + errors,
     }
+
+
+def summary(results: Results, backends: Sequence[str], states: dict[str, dict[str, Any]]) -> str:
+    """The end of a run: its table, the state classes each kernel reached, and the cases a hazard decided."""
+    lines = [table(results, list(backends)), "", "state classes reached (cases):"]
+    for name, st in states.items():
+        line = ", ".join(f"{c} {n}" for c, n in st["cases"].items()) or "-"
+        lines.append(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
+    relied = {k: {h: n for h, n in st.get("hazards", {}).items() if n} for k, st in states.items()}
+    if any(relied.values()):
+        lines += ["", "hazards: cases decided by a rule the contract keeps because vLLM 0.33.0 behaves so (coverage.HAZARDS):"]
+        lines += [f"  {name}: " + ", ".join(f"{h} {n}" for h, n in hz.items()) for name, hz in relied.items() if hz]
+    return "\n".join(lines)
 
 
 def table(results: Results, backends: list[str]) -> str:

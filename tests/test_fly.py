@@ -149,6 +149,16 @@ def test_random_condition(backend, breaker):
 
 
 @backends
+@pytest.mark.parametrize("p, q", [(0.5, None), (0.25, 0.5)])
+def test_a_uniform_one_ulp_above_the_ratio_is_rejected(backend, p, q):
+    # p/q is 0.5 exactly: u a float64 ulp above it is rejected natively, so position 0 defers (u -> 0),
+    # and u on it is accepted. A ratio off by an ulp (an approximate division) flips one of the two.
+    above = math.nextafter(0.5, 1.0)
+    assert random(backend, random_args([4, 5, 6], [above, 0.1, 0.1], p=p, q=q))[0] == 0.0
+    assert random(backend, random_args([4, 5, 6], [0.5, 0.1, 0.1], p=p, q=q))[0] == 0.5
+
+
+@backends
 def test_threshold_is_compared_in_float32(backend):
     # 0.1 rounds up in float32: an entropy of float32(0.1) is at the threshold, the next float32
     # below it is not; an infinite entropy meets an infinite threshold.

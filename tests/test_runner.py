@@ -343,18 +343,23 @@ register_backend(Backend("crashy", _resolve, lambda: "cpu", lambda: "native", gr
 '''
 
 
-def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_on(tmp_path):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_crashing_backend_is_reported_by_name_with_its_case_and_the_run_goes_on(tmp_path, jobs):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(CRASHY)  # every child process registers it too
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)]),
            "SPECDIFF_FAILURES": str(tmp_path / "failures")}
     report, junit_xml = tmp_path / "r.json", tmp_path / "r.xml"
-    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--profile", "dev", "--kernel", "expand_kernel",
-                           "--kernel", "rejection_greedy_sample_kernel", "--backend", "crashy", "--backend", "cpu",
+    kernels = ["expand_kernel", "rejection_greedy_sample_kernel", "_flatten_sampled_kernel"]
+    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--profile", "dev", *(a for k in kernels for a in ("--kernel", k)),
+                           "--backend", "crashy", "--backend", "cpu", "--jobs", jobs,
                            "--no-require-coverage", "--report", str(report), "--junit", str(junit_xml)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(report.read_text())
+    assert sorted(data["kernels"]) == sorted(kernels) and sorted(data["coverage"]) == sorted(kernels[1:])
+    for k in kernels:  # each kernel ran in exactly one child, side by side or not
+        assert sum(line.startswith(f"  {k}: {{") for line in done.stdout.splitlines()) == (k != "expand_kernel"), done.stdout
     crash = data["kernels"]["expand_kernel"]["crashy"]
     assert crash["status"] == "crash" and "SIGSEGV" in crash["message"], crash
     assert data["kernels"]["rejection_greedy_sample_kernel"]["cpu"]["status"] == "pass"  # the run went on

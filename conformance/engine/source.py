@@ -14,6 +14,7 @@ used only when its SHA-256 matches the index's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ import tarfile
 import tempfile
 import urllib.request
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,11 +105,32 @@ def _wanted(name: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Holds ``name``'s lock in the cache while one process makes what the others would wait for
+    (a download, an unpacked source, a build): the children of a ``--jobs`` run share one cache."""
+    import fcntl
+
+    with open(_mkdir(cache_dir()) / f".{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _unpack(archive: Path, kind: str) -> Path:
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
     dest = cache_dir() / "vllm" / f"{archive.name}-{digest}"
     if (dest / ".complete").is_file():
         return dest
+    with cache_lock(dest.name):
+        if (dest / ".complete").is_file():  # another process unpacked it while this one waited
+            return dest
+        return _unpack_into(archive, kind, dest)
+
+
+def _unpack_into(archive: Path, kind: str, dest: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=_mkdir(dest.parent)))
     try:
         if kind == "wheel":
@@ -147,6 +170,11 @@ def fetch_sdist(version: str) -> Path:
     target = _mkdir(cache_dir() / "downloads") / name
     if target.is_file():
         return target
+    with cache_lock(name):
+        return target if target.is_file() else _download(version, name, target)
+
+
+def _download(version: str, name: str, target: Path) -> Path:
     request = urllib.request.Request(f"{INDEX}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as r:

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import contracts
-from conformance.arguments import kernel_name, output_file
+from conformance.arguments import jobs, kernel_name, output_file
 from conformance.profiles import PROFILES, chosen
 
 # Distinct specializations compiled per kernel and profile (each takes one to a few seconds).
@@ -123,7 +123,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"cuda:<sm> or hip:<arch> (default {DEFAULT_TARGET})")
     p.add_argument("--cases", type=int, help="cases drawn per kernel (default: dev 20, ci 60, nightly 400)")
     p.add_argument("--report", default="reports/compile.json", type=output_file)
+    p.add_argument("--jobs", "-j", default="auto", type=jobs, help="processes compiling kernels side by side (default auto: every core)")
     p.set_defaults(func=cmd)
+
+
+def _compile_in_worker(name: str, target: str, cases: int, profile: str) -> dict[str, Any]:
+    from hypothesis import settings
+
+    settings.load_profile(profile)  # derandomized under ci: the same specializations as one process draws
+    return compile_kernel(name, target_of(target), cases)
 
 
 def cmd(ns: argparse.Namespace) -> int:
@@ -136,17 +144,38 @@ def cmd(ns: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as e:
         print(f"specdiff compile: {e}")
         return 2
+    from hypothesis import settings
+
     from conformance.backends import BACKENDS
 
+    settings.load_profile(ns.profile)
     names = [k for k in ns.kernel or list(contracts.SPECS) if BACKENDS["triton"].applies(contracts.get(k))]
     n = ns.cases or CASES[ns.profile]
     print(f"specdiff compile: target {ns.target}, {n} cases per kernel", flush=True)
-    results = {}
-    for name in names:
-        r = results[name] = compile_kernel(name, target, n)
+    results: dict[str, dict[str, Any]] = {}
+
+    def show(name: str, r: dict[str, Any]) -> None:
         print(f"  {name}: {r['status']} {r['specializations']} specializations in {r['seconds']} s", flush=True)
         if r["message"]:
             print("    " + r["message"].replace("\n", "\n    "), flush=True)
+
+    workers = min(ns.jobs, len(names))
+    if workers <= 1:
+        for name in names:
+            show(name, r := compile_kernel(name, target, n))
+            results[name] = r
+    else:
+        # Each kernel compiles on one core; a process per core (spawned: TRITON_INTERPRET=0 travels
+        # in the environment, and no worker inherits a parent's Triton state).
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_compile_in_worker, name, ns.target, n, ns.profile): name for name in names}
+            for f in as_completed(futures):
+                show(futures[f], r := f.result())
+                results[futures[f]] = r
+        results = {name: results[name] for name in names}
     with open(ns.report, "w") as f:
         json.dump({"schema": 1, "target": ns.target, "profile": ns.profile, "kernels": results}, f, indent=2)
     bad = [k for k, r in results.items() if r["status"] != "pass"]

@@ -34,12 +34,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.arguments import backend_name, input_file, output_file, shard
+from conformance.arguments import backend_name, input_file, jobs, output_file, shard
 from conformance.backends import ORACLE
 from conformance.profiles import PROFILES, chosen
 
@@ -426,6 +427,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", default="reports/mutants.json", type=output_file)
     p.add_argument("--junit", type=output_file, help="write a JUnit XML report here")
     p.add_argument("--shard", type=shard, metavar="K/N", help="only every N-th chosen mutant from the K-th: one share per machine")
+    p.add_argument("--jobs", "-j", default="auto", type=jobs, help="scratch trees checking faults side by side (default auto: every core)")
     p.add_argument("--list", action="store_true", help="list the catalogue and check every mutant applies, then stop")
     p.set_defaults(func=cmd, check=_select)
 
@@ -461,35 +463,64 @@ def cmd(ns: argparse.Namespace) -> int:
             print(f"{m.id:<{wide}}{m.backend:<11}{m.fault:<38}{ok}")
         return 1 if bad else 0
     started = time.perf_counter()
-    s = Scratch(source_tree("mutants"), Path(ns.scratch) if ns.scratch else None, ns.keep)
-    print(f"specdiff mutants: {len(chosen)} faults, profile {ns.profile}, scratch tree {s.dir}", flush=True)
-    rows: list[dict[str, Any]] = []
-    incomplete = None
-    try:  # the report is written whatever happens: the rows so far, and why the run stopped
-        # Always: the copy's port votes on every fault (a launcher fault is its Python, an oracle
-        # fault is outvoted by it). Unbuilt, the copy would import whatever extension an editable
-        # install of the checkout points at, or none, and the port's checks would not run.
-        t = time.perf_counter()
-        built = s.build()
-        if built.returncode != 0:
-            print((built.stdout + built.stderr)[-3000:])
-            print("FAILED: the unmutated tree does not build")
-            incomplete = "the unmutated tree does not build"
-            return 1
-        s.save_pristine()
-        print(f"  built the unmutated extension in {time.perf_counter() - t:.0f} s", flush=True)
-        for m in chosen:
-            row = evaluate(m, s, ns.profile, ns.all_checks, ns.seed)
-            rows.append(row)
-            how = row["error"] or (f"killed by {row['killed_by']}: {row['checks'][row['killed_by']]['detail']}" if row["killed_by"] else "SURVIVED")
-            print(f"  {m.id} ({m.backend}, {m.fault}): {how[:220]} [{row['seconds']} s]", flush=True)
+    lanes = min(ns.jobs, len(chosen))
+    where = [Path(ns.scratch) / str(i) if lanes > 1 else Path(ns.scratch) for i in range(lanes)] if ns.scratch else [None] * lanes
+    print(f"specdiff mutants: {len(chosen)} faults, profile {ns.profile}, {lanes} scratch tree(s)", flush=True)
+    done: dict[int, dict[str, Any]] = {}
+    todo = list(enumerate(chosen))
+    lock = threading.Lock()
+    broken_tree: list[str] = []
+
+    def lane(i: int) -> None:
+        # Each lane owns a scratch copy and takes the next fault not yet taken.
+        s = Scratch(source_tree("mutants"), where[i], ns.keep)
+        try:
+            # Always: the copy's port votes on every fault (a launcher fault is its Python, an oracle
+            # fault is outvoted by it). Unbuilt, the copy would import whatever extension an editable
+            # install of the checkout points at, or none, and the port's checks would not run.
+            t = time.perf_counter()
+            built = s.build()
+            if built.returncode != 0:
+                with lock:
+                    print((built.stdout + built.stderr)[-3000:])
+                    broken_tree.append("the unmutated tree does not build")
+                return
+            s.save_pristine()
+            print(f"  built the unmutated extension in {s.dir} in {time.perf_counter() - t:.0f} s", flush=True)
+            while True:
+                with lock:
+                    if not todo or broken_tree:
+                        return
+                    k, m = todo.pop(0)
+                row = evaluate(m, s, ns.profile, ns.all_checks, ns.seed)
+                how = row["error"] or (f"killed by {row['killed_by']}: {row['checks'][row['killed_by']]['detail']}" if row["killed_by"] else "SURVIVED")
+                with lock:
+                    done[k] = row
+                    print(f"  {m.id} ({m.backend}, {m.fault}): {how[:220]} [{row['seconds']} s]", flush=True)
+        except BaseException as err:
+            with lock:
+                broken_tree.append(f"{type(err).__name__}: {err}")
+        finally:
+            s.close()
+
+    # Daemons: an interrupt ends the run (the checks' processes get it too) with the rows so far reported.
+    threads = [threading.Thread(target=lane, args=(i,), daemon=True) for i in range(lanes)]
+    for th in threads:
+        th.start()
+    try:
+        for th in threads:
+            th.join()
     except BaseException as err:
-        incomplete = f"the run stopped after {len(rows)} of {len(chosen)} mutants: {type(err).__name__}: {err}"
+        rows = [done[k] for k in sorted(done)]
+        _report(ns, rows, time.perf_counter() - started, f"the run stopped after {len(rows)} of {len(chosen)} mutants: {type(err).__name__}")
         raise
-    finally:
-        s.close()
-        survived, broken = _report(ns, rows, time.perf_counter() - started, incomplete)
-    return 0 if not survived and not broken else 1
+    rows = [done[k] for k in sorted(done)]
+    incomplete = None
+    if broken_tree or len(rows) < len(chosen):
+        incomplete = f"the run stopped after {len(rows)} of {len(chosen)} mutants: {'; '.join(broken_tree) or 'interrupted'}"
+        print(f"FAILED: {incomplete}")
+    survived, broken = _report(ns, rows, time.perf_counter() - started, incomplete)
+    return 0 if not survived and not broken and incomplete is None else 1
 
 
 def _report(ns: argparse.Namespace, rows: list[dict[str, Any]], seconds: float, incomplete: str | None) -> tuple[list[str], list[str]]:
