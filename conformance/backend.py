@@ -58,9 +58,15 @@ class Backend:
     # Its kernels are Triton kernels: it has no form of a host function (KernelSpec.host), which
     # is then "n/a" there rather than missing.
     triton: bool = False
+    # Whether it has ``spec``, told without loading or building anything (``list``); None: resolve it.
+    lists: Callable[[KernelSpec], bool] | None = None
 
     def applies(self, spec: KernelSpec) -> bool:
         return not (spec.host and self.triton)
+
+    def has(self, spec: KernelSpec) -> bool:
+        """Whether this backend implements ``spec``, as cheaply as it can tell (``list``)."""
+        return self.lists(spec) if self.lists is not None else self.resolve(spec) is not None
 
     def unsupported(self, spec: KernelSpec, args: Mapping[str, Any]) -> str | None:
         """The first declared capability the case falls outside of, or None."""

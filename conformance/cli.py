@@ -81,6 +81,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return releases.run(ns.releases, rest, out)
 
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
+    if ns.vllm and isolate.child_dir() is None:  # one line for a --vllm that names nothing usable, before any child
+        engine.use(ns.vllm)
+        engine.located()
     if ns.isolate and isolate.child_dir() is None:  # a crashing backend is reported, not the end of the run
         seed = [] if ns.seed is not None or settings.get_profile(ns.profile).derandomize else ["--seed", str(random.getrandbits(32))]
         known = findings_mod.expected(ns.expected)
@@ -275,7 +278,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
         engine.use(ns.vllm)
     usable = [b for b, be in BACKENDS.items() if be.unavailable() is None]
     for name, spec in contracts.SPECS.items():
-        have = [b for b in usable if BACKENDS[b].resolve(spec) is not None]
+        have = [b for b in usable if BACKENDS[b].has(spec)]
         print(f"{name:<45} {spec.family:<14} {', '.join(have)}")
     for b in BACKENDS:
         if b not in usable:
@@ -310,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
     run.add_argument("--vllm", metavar="VERSION|PATH",
                      help="also run vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): a release such as 0.33.0 "
-                          "(fetched from the package index), a wheel, an sdist, a source tree, or 'installed'")
+                          "(fetched from the package index), a wheel, an sdist, a source tree, or 'installed'. It executes that "
+                          "vLLM's code: name one you trust")
     run.add_argument("--releases", type=lambda v: [r for r in v.split(",") if r], metavar="R1,R2,...",
                      help="the engine check on each vLLM release in turn (each as --vllm), then one table kernel x "
                           "release x engine backend (reports/engine-<release>.json, reports/engine-releases.json)")
@@ -333,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the vLLM for the engine backends; its code runs (a case file only names the vLLM it came from)")
     replay.set_defaults(func=cmd_replay)
     listing = sub.add_parser("list", help="kernels and the backends that implement them")
-    listing.add_argument("--vllm", metavar="VERSION|PATH", help="include vLLM's own kernels and CPU port from here")
+    listing.add_argument("--vllm", metavar="VERSION|PATH",
+                         help="include vLLM's own kernels and CPU port from here (its Triton modules are executed; nothing is built)")
     listing.set_defaults(func=cmd_list)
     for tool in TOOLS:  # show, and the harness's checks of itself: each module adds its own subcommand
         module = importlib.import_module(f"conformance.tools.{tool}")

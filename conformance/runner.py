@@ -50,6 +50,37 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _span(v: torch.Tensor) -> int:
+    """Elements from ``v``'s first to its last (strides non-negative)."""
+    return 0 if v.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if n > 0)
+
+
+def memory(v: torch.Tensor) -> torch.Tensor:
+    """What to snapshot and compare of ``v``: itself, or for a view that overlaps itself (more
+    elements than the memory it spans: stride 0) that memory, flat, where its elements would be
+    counted in the trillions."""
+    if v.device.type == "meta" or any(s < 0 for s in v.stride()) or v.numel() <= _span(v):
+        return v
+    return torch.as_strided(v, (_span(v),), (1,))
+
+
+def copy_tensor(v: torch.Tensor, device: str) -> torch.Tensor:
+    """A copy of ``v`` on ``device`` with its strides (strided parameters, a row stride bigger than the
+    width, are the point). A view that overlaps itself (stride 0: 2**40 rows of one stored row, as a
+    file or the fuzz may hold) copies the memory it spans, never its elements one by one; a meta
+    tensor, which has no data, stays one."""
+    if v.device.type == "meta" or device == "meta":
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    flat = memory(v)
+    if flat is v:
+        c = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
+        c.copy_(v)
+        return c
+    base = torch.empty(flat.numel(), dtype=v.dtype, device=device)
+    base.copy_(flat)
+    return torch.as_strided(base, v.shape, v.stride())
+
+
 def copy_args(args: dict[str, Any], device: str) -> dict[str, Any]:
     """Copies every tensor to ``device``; parameters bound to one tensor stay aliased."""
     copies: dict[int, torch.Tensor] = {}
@@ -57,10 +88,7 @@ def copy_args(args: dict[str, Any], device: str) -> dict[str, Any]:
     for k, v in args.items():
         if isinstance(v, torch.Tensor):
             if id(v) not in copies:
-                # Keep strides: strided parameters (a row stride bigger than the width) are the point.
-                c = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
-                c.copy_(v)
-                copies[id(v)] = c
+                copies[id(v)] = copy_tensor(v, device)
             out[k] = copies[id(v)]
         else:
             out[k] = v
@@ -131,7 +159,7 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
         if p.role in (Role.OUT, Role.SCRATCH) and isinstance(v, torch.Tensor) and not _aliases_input(spec, args, p.name):
             v.fill_(poison_value(v.dtype, variant))
     before = {
-        p.name: args[p.name].clone()
+        p.name: copy_tensor(memory(args[p.name]), args[p.name].device.type)
         for p in spec.params
         if p.kind is Kind.PTR and p.role is Role.IN and isinstance(args[p.name], torch.Tensor)
         and not any(args[o.name] is args[p.name] for o in spec.outputs)
@@ -151,7 +179,7 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
         return Outcome(error=f"{type(e).__name__}: {first}{_dtype_hint(spec, args, first)}\n{rest}\n{traceback.format_exc(limit=-3)}")
     LAUNCH_SECONDS[backend.name] += time.perf_counter() - started
     for name, old in before.items():
-        if not torch.equal(bits(old), bits(args[name])):
+        if not torch.equal(bits(old), bits(memory(args[name]))):
             return Outcome(error=f"modified its input '{name}' (inputs must stay unchanged, C27)")
     # args are this launch's own copies: keeping their outputs needs no further copy (.cpu() copies from a GPU).
     return Outcome(outputs={p.name: args[p.name].cpu() for p in spec.outputs if isinstance(args[p.name], torch.Tensor)})

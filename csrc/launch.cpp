@@ -140,6 +140,8 @@ class Launcher {
     const py::object current = own(PyObject_GetAttr(module_.ptr(), entry_name_.ptr()));
     const py::object& stand_in = stand_in_.is_none() && current.ptr() != native_.ptr() ? current : stand_in_;
     if (stand_in.is_none()) {
+      std::vector<std::vector<unsigned char>> copies;
+      snapshot(args, copies);
       entry_.invoke(args.data());
     } else {
       stand_in(*python_args(bound, args));
@@ -203,6 +205,27 @@ class Launcher {
     if (!t.data.present() || t.data.numel == 0 || t.rows <= 0 || t.cols <= 0) return {0, 0};
     const auto extent = static_cast<std::uintptr_t>((t.rows - 1) * t.row_stride + t.cols);
     return {t.data.ptr, t.data.ptr + extent * element_size(t.data.dtype)};
+  }
+
+  // The integer inputs a kernel validates and then reads again with the GIL released (counts,
+  // offsets, token ids, positions) are copied first and the entry point reads the copies: a
+  // Python thread rewriting the caller's tensor mid-launch can no longer change a count after its
+  // check and send a loop past a buffer. 2-D tables (block tables: values, never addresses) and
+  // floats stay zero-copy; a tensor a written parameter may alias is read in place, as it must be.
+  void snapshot(std::vector<Arg>& args, std::vector<std::vector<unsigned char>>& copies) const {
+    copies.reserve(params_.size());  // the copies' buffers never move while a launch reads them
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Param& p = params_[i];
+      Buffer& b = args[i].tensor.data;
+      if (!p.ptr || p.written || !p.contiguous || !b.present() || b.numel == 0) continue;
+      if (b.dtype != kInt32 && b.dtype != kInt64) continue;
+      bool aliased = p.alias != SIZE_MAX;
+      for (const Param& q : params_) aliased = aliased || (q.alias == i);
+      if (aliased) continue;
+      const std::size_t bytes = static_cast<std::size_t>(b.numel) * element_size(b.dtype);
+      copies.emplace_back(reinterpret_cast<const unsigned char*>(b.ptr), reinterpret_cast<const unsigned char*>(b.ptr) + bytes);
+      b.ptr = reinterpret_cast<std::uintptr_t>(copies.back().data());
+    }
   }
 
   static void absent(Arg& out) { out.tensor = Strided{Buffer{0, -1, 0}, 0, 0, 0}; }

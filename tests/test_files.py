@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from conformance.case import Case
 from conformance.casefile import load_case, save_case
 
 KERNEL = "rejection_greedy_sample_kernel"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _saved(tmp_path):
@@ -195,3 +199,34 @@ def test_an_empty_storage_at_a_live_tensors_address_shares_nothing(tmp_path):
     path = save_case(Case(KERNEL, {"empty": empty, "full": full}), tmp_path / "c.safetensors")
     got = load_case(path).args
     assert got["full"].tolist() == [0.0, 1.0, 2.0] and got["empty"].numel() == 0
+
+
+def _drawn_case(tmp_path):
+    """A valid rejection_greedy_sample_kernel case (three requests), saved."""
+    from support import i32, i64
+
+    args = dict(output_token_ids_ptr=torch.full((3, 3), -1, dtype=torch.int32), cu_num_draft_tokens_ptr=i32([2, 3, 5]),
+                draft_token_ids_ptr=i32([1, 2, 3, 4, 5]), target_argmax_ptr=i64([1, 0, 3, 4, 0]),
+                bonus_token_ids_ptr=i32([[7], [8], [9]]), is_greedy_ptr=None, max_spec_len=2, uniform_probs_ptr=None,
+                synthetic_conditional_rates_ptr=None, SYNTHETIC_MODE=False)
+    return save_case(Case(KERNEL, args), tmp_path / "case.safetensors")
+
+
+@pytest.mark.parametrize("entry", ["stride 0", "meta"])
+@pytest.mark.parametrize("command", [["replay"], ["show"], ["threads", "--replay"]])
+def test_a_view_of_2_to_the_40_elements_ends_in_seconds_without_a_traceback(tmp_path, entry, command):
+    # 2**40 rows of one stored row (or of no bytes at all, on meta): copying it element by element, or
+    # materializing it, would hang the process or exhaust memory.
+    def huge(doc, blobs):
+        e = doc["args"]["target_argmax_ptr"]["tensor"]
+        e["size"], e["stride"] = [1 << 40], [0]
+        if entry == "meta":
+            e["storage"] = None
+    path = _rewrite(_drawn_case(tmp_path), huge)
+    assert load_case(path).args["target_argmax_ptr"].shape == (1 << 40,)
+    done = subprocess.run([sys.executable, "-m", "conformance", *command, str(path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
+    assert done.returncode in (0, 1, 2), done.stderr[-2000:]
+    if done.returncode == 2:  # refused: one line naming the argument
+        assert "target_argmax_ptr" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import contracts
 from conformance.tools import gate
 
+ROOT = Path(__file__).resolve().parents[1]
 REJECTION = {n for n, s in contracts.SPECS.items() if s.family == "rejection"}
 
 
@@ -32,3 +37,11 @@ def test_numerics_touch_the_families_computing_with_them():
 def test_every_layer_the_gate_reads_exists():
     # A layer left behind by a move would silently stop mapping its files to kernels.
     assert all((gate.ROOT / layer).is_dir() for layer in gate.LAYERS)
+
+
+def test_quick_runs_only_the_changed_kernels_at_the_ci_profile():
+    done = subprocess.run([sys.executable, "-m", "conformance", "gate", "HEAD~1", "--quick", "--dry-run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = [line.split() for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert all(row[0] == "ci" and row[2].startswith("(") for row in listed), done.stdout  # each changed, none of the rest

@@ -4,8 +4,11 @@ and the in-contract neighbours of each refusal still run."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,8 @@ from test_eagle import SEVEN_WIDE, step_args
 
 from contracts import eagle, slot_mapping
 from cpu_impl import _C
+
+ROOT = Path(__file__).resolve().parents[1]
 
 validating = pytest.mark.parametrize("backend", ["reference", "cpu"])
 K5 = eagle.EAGLE_STEP_SLOT_MAPPING_METADATA.name
@@ -166,3 +171,53 @@ def test_k7_oracle_is_linear_in_the_batch():
     launch("reference", K7, args)
     assert time.perf_counter() - started < 30
     assert bool((args["valid_sampled_tokens_count_ptr"] == 4).all()) and bool((args["next_token_ids_ptr"] == 1).all())
+
+
+RACE = r"""
+import sys, threading
+import torch
+from cpu_impl.rejection import rejection_greedy_sample_kernel as kernel
+
+B, GUARD = 300_000, 1 << 20
+torch.set_num_threads(1)
+cu = torch.arange(1, B + 1, dtype=torch.int32)  # one draft a request
+wrong = torch.full((B,), 2**31 - 1, dtype=torch.int32)  # every count past the drafts the launch was checked against
+draft = torch.zeros(B, dtype=torch.int32)
+argmax = torch.zeros(B, dtype=torch.int64)
+bonus = torch.zeros(B, 1, dtype=torch.int32)
+# The output [B, 2] inside a buffer with a megabyte of guard on each side.
+whole = torch.full((2 * GUARD + 2 * B,), 7, dtype=torch.int32)
+out = whole[GUARD : GUARD + 2 * B].view(B, 2)
+stop = threading.Event()
+
+def writer():
+    while not stop.is_set():
+        cu.copy_(wrong)
+        cu.copy_(torch.arange(1, B + 1, dtype=torch.int32))
+
+t = threading.Thread(target=writer)
+t.start()
+launched = refused = 0
+try:
+    for _ in range(int(sys.argv[1])):
+        cu.copy_(torch.arange(1, B + 1, dtype=torch.int32))
+        try:
+            kernel[(B,)](out, cu, draft, argmax, bonus, None, 1, None, None, SYNTHETIC_MODE=False)
+            launched += 1
+        except ValueError:
+            refused += 1  # the writer got in before the check: refused, as it must be
+finally:
+    stop.set()
+    t.join()
+touched = int((whole[:GUARD] != 7).sum() + (whole[GUARD + 2 * B :] != 7).sum())
+print(f"launched {launched} refused {refused} guard cells written {touched}")
+sys.exit(1 if touched else 0)
+"""
+
+
+def test_a_thread_rewriting_the_counts_mid_launch_sends_nothing_past_the_output():
+    # The port checks cu_num_draft_tokens_ptr, releases the GIL and loops: counts rewritten by another
+    # thread after the check once sent the loop 850,000 elements before the output, or into SIGSEGV.
+    done = subprocess.run([sys.executable, "-c", RACE, "40"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
+    assert "launched" in done.stdout and " launched 0 " not in f" {done.stdout}", done.stdout

@@ -4,6 +4,7 @@ backend test, the table and report come from the run, and --shard splits the tes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,38 @@ def test_the_run_prints_the_table_and_writes_the_report(tmp_path):
     got = json.loads(report.read_text())
     assert set(got["kernels"]["expand_kernel"]) >= {"reference", "triton", "cpu"} and got["schema"] == 2
     assert all(e["status"] == "pass" for e in got["kernels"]["expand_kernel"].values())
+
+
+WRONG_CPU = '''
+from dataclasses import replace
+from conformance.backends import BACKENDS
+
+real = BACKENDS["cpu"]
+
+
+def resolve(spec):
+    kernel = real.resolve(spec)
+    if spec.name != "expand_kernel":
+        return kernel
+
+    class OffByOne:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kernel[grid](*args, **kwargs)
+                (kwargs["output_ptr"] if "output_ptr" in kwargs else args[0]).add_(1)
+            return launch
+
+    return OffByOne()
+
+
+BACKENDS["cpu"] = replace(real, resolve=resolve)
+'''
+
+
+def test_a_failing_kernel_prints_its_verdict_once(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(WRONG_CPU)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "SPECDIFF_FAILURES": str(tmp_path / "failures")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-q", "-k", "expand_kernel-cpu", "-p", "no:cacheprovider",
+                           f"--conformance-report={tmp_path / 'r.json'}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("expand_kernel x cpu: fail") == 1, done.stdout[-4000:]

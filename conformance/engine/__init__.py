@@ -185,6 +185,17 @@ def _cpu_kernel(spec: KernelSpec) -> Any:
     return overrides().wrap(spec.qualname, kernel)
 
 
+def _cpu_lists(spec: KernelSpec) -> bool:
+    """Whether the engine's CPU port overrides ``spec``, read from vLLM's source: nothing built or loaded."""
+    from conformance.engine.cpu import patched, registered
+
+    src = located()
+    if spec.engine_apart:
+        return False
+    table = registered(src) if (src.root / DISPATCHER).is_file() else patched(src)
+    return spec.qualname in table
+
+
 def triton_mode() -> str:
     """How Triton runs here, "compiled" or "interpreted" (triton_impl decides before Triton loads)."""
     import triton_impl
@@ -277,5 +288,5 @@ BACKENDS = (
     Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {triton_mode()}", lambda: _unavailable(False),
             engine=True, capabilities=TRITON_CAPABILITIES),
     Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
-            engine=True, capabilities=CPU_CAPABILITIES, launch_options=False),
+            engine=True, capabilities=CPU_CAPABILITIES, launch_options=False, lists=_cpu_lists),
 )
