@@ -141,7 +141,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
             report["running"] = name
             suite.write_report(ns.report, report)
             run = suite.run_kernel(name, backends, asked, seed, shrink=not ns.no_shrink, findings=found, call_site=ns.call_site,
-                                   interpreted=INTERPRETED_EXAMPLES.get(ns.profile))
+                                   interpreted=None if ns.every_interpreted else INTERPRETED_EXAMPLES.get(ns.profile))
             results[name], kernel_seconds[name] = run.entries, run.seconds
             statuses = {b: e["status"] for b, e in results[name].items()}
             print(f"  {name}: {statuses} in {kernel_seconds[name]} s", flush=True)
@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--jobs", "-j", default="1", type=jobs,
                      help="child processes running kernels side by side (auto: every core); each kernel runs in one")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
+    run.add_argument("--every-interpreted", action="store_true",
+                     help="run specdiff's interpreted backends on every case (the ci profile gives them the first 50)")
     run.add_argument("--vllm", metavar="VERSION|PATH",
                      help="also run vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): a release such as 0.33.0 "
                           "(fetched from the package index), a wheel, an sdist, a source tree, or 'installed'. It executes that "

@@ -276,7 +276,7 @@ def check(name: str, m: Mutant, s: Scratch, profile: str, seeds: list[int] | Non
         report = reports / f"{m.id}.conformance.json"
         seed = ["--seed", str(seeds[0])] if seeds else []
         rc, out, sec = _run(s, ["-m", "conformance", "run", "--profile", profile, *seed, *kernels, "--backend", m.backend, *others,
-                                "--no-shrink", "--no-require-coverage", "--report", str(report)], CHECK_TIMEOUT)
+                                "--no-shrink", "--no-require-coverage", "--every-interpreted", "--report", str(report)], CHECK_TIMEOUT)
         if _crash(rc):
             return Result(name, True, sec, _crash(rc))
         if not report.exists():
