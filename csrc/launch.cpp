@@ -110,6 +110,12 @@ class Launcher {
     for (std::size_t i = 0; i < params_.size(); ++i)
       for (std::size_t j = 0; j < params_.size(); ++j)
         if (params_[i].may_alias == std::string(py::str(params_[j].name))) params_[i].alias = j;
+    // snapshot(): read-only contiguous tensors no written parameter may alias, decided once here.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      p.copied = p.ptr && !p.written && p.contiguous && p.alias == SIZE_MAX;
+      for (const Param& q : params_) p.copied = p.copied && q.alias != i;
+    }
     native_ = module_.attr(entry_name_);
     // torch.Tensor itself: the exact type whose facts are read through their descriptors.
     for (Fact* f : {&layout_, &is_neg_, &requires_grad_, &dtype_, &is_cpu_, &shape_, &is_contiguous_, &data_ptr_})
@@ -163,6 +169,7 @@ class Launcher {
   struct Param {
     py::str name;
     bool ptr = false, optional = false, int_zero = false, contiguous = true, written = false;
+    bool copied = false;             // an integer tensor of it is copied before the entry point reads it
     std::string may_alias;           // the one parameter this one may be (the same tensor object)
     std::size_t alias = SIZE_MAX;    // its index
     std::vector<std::pair<py::object, int>> codes;  // dtype object -> C++ dtype code
@@ -217,11 +224,7 @@ class Launcher {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const Param& p = params_[i];
       Buffer& b = args[i].tensor.data;
-      if (!p.ptr || p.written || !p.contiguous || !b.present() || b.numel == 0) continue;
-      if (b.dtype != kInt32 && b.dtype != kInt64) continue;
-      bool aliased = p.alias != SIZE_MAX;
-      for (const Param& q : params_) aliased = aliased || (q.alias == i);
-      if (aliased) continue;
+      if (!p.copied || !b.present() || b.numel == 0 || (b.dtype != kInt32 && b.dtype != kInt64)) continue;
       const std::size_t bytes = static_cast<std::size_t>(b.numel) * element_size(b.dtype);
       copies.emplace_back(reinterpret_cast<const unsigned char*>(b.ptr), reinterpret_cast<const unsigned char*>(b.ptr) + bytes);
       b.ptr = reinterpret_cast<std::uintptr_t>(copies.back().data());

@@ -187,13 +187,9 @@ def _cpu_kernel(spec: KernelSpec) -> Any:
 
 def _cpu_lists(spec: KernelSpec) -> bool:
     """Whether the engine's CPU port overrides ``spec``, read from vLLM's source: nothing built or loaded."""
-    from conformance.engine.cpu import patched, registered
+    from conformance.engine.cpu import override_table
 
-    src = located()
-    if spec.engine_apart:
-        return False
-    table = registered(src) if (src.root / DISPATCHER).is_file() else patched(src)
-    return spec.qualname in table
+    return not spec.engine_apart and spec.qualname in override_table(located())
 
 
 def triton_mode() -> str:

@@ -214,6 +214,11 @@ def patched(source: VllmSource) -> dict[str, str]:
     return {spec.qualname: spec.name for spec in contracts.SPECS.values() if spec.name in names}
 
 
+def override_table(source: VllmSource) -> dict[str, str]:
+    """qualname -> adapter name of the CPU port, wherever the release keeps it (dispatcher or runner)."""
+    return registered(source) if (source.root / "vllm" / "triton_utils" / "dispatcher.py").is_file() else patched(source)
+
+
 class CpuOverrides:
     """The engine's CPU overrides over one vLLM source: ``wrap(qualname, kernel)`` is what the engine
     puts in the kernel's place. From 0.31.0 that is ``register_kernels``' ``KernelOverride`` around the
@@ -229,9 +234,9 @@ class CpuOverrides:
         if (root / "triton_utils" / "dispatcher.py").is_file():
             self.dispatcher: ModuleType | None = _exec_file(root / "triton_utils" / "dispatcher.py", "specdiff_vllm.dispatcher",
                                                              {"vllm.logger": logger})
-            self.table = registered(source)
         else:
-            self.dispatcher, self.table = None, patched(source)
+            self.dispatcher = None
+        self.table = override_table(source)
 
     def misbinding(self, qualname: str, kernel: Any) -> str | None:
         """How the adapter for ``qualname`` misaligns with ``kernel``'s parameters (:func:`misbinding`)."""
