@@ -362,7 +362,7 @@ def e2e(session: nox.Session) -> None:
 def nightly(session: nox.Session) -> None:
     """What does not fit CI's 45 minutes: the whole catalogue of planted faults (each C++ fault rebuilds
     the extension in a scratch tree, about 35 s), the C++ port's AVX2 and baseline clones against the
-    oracle (two more builds), the malformed-input fuzz under ASan+UBSan, then conformance under the nightly profile (2,000 examples per kernel and
+    oracle (two more builds), the malformed-input fuzz and the thread counts under ASan+UBSan, then conformance under the nightly profile (2,000 examples per kernel and
     backend) over every core; then the engine check over every vLLM release with a CPU port (a table:
     older releases' findings are reported, not failed) and the engine end to end (`nox -s e2e`).
     NIGHTLY_SHARD=K/N runs one share of the catalogue and of conformance."""
@@ -371,7 +371,8 @@ def nightly(session: nox.Session) -> None:
     shard = [f"--shard={os.environ['NIGHTLY_SHARD']}"] if os.environ.get("NIGHTLY_SHARD") else []
     session.run("python", "-m", "conformance", "mutants", "--junit", "reports/mutants-nightly.xml", *shard, *session.posargs)
     session.run("python", "-m", "conformance", "clones")
-    session.run("python", "-m", "conformance", "sanitize", "--step", "fuzz")  # CI runs the other two steps
+    # CI runs conformance under ASan, and the thread counts under TSan.
+    session.run("python", "-m", "conformance", "sanitize", "--step", "fuzz", "--step", "threads")
     # Every release with a CPU port, then one table (CI checks 0.33.0 alone, in `nox -s engine`).
     session.run("python", "-m", "conformance", "run", "--releases", ",".join(NIGHTLY_RELEASES), "--call-site", "--jobs=auto",
                 success_codes=[0, 1])

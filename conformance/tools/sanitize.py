@@ -29,10 +29,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.arguments import input_file, jobs, kernel_name, output_dir
 from conformance.profiles import PROFILES, chosen
+
+if TYPE_CHECKING:
+    from conformance.findings import Expected
 
 FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
 # ThreadSanitizer: every parallel region on the whole team (SPECDIFF_FORCE_PARALLEL, csrc/common.h).
@@ -104,6 +107,15 @@ def asan_findings(output: str) -> dict[tuple[str, str, str], int]:
     return found
 
 
+def unlisted(found: dict[tuple[str, str, str], int], expected: list[Expected]) -> list[str]:
+    """``kernel: kind in function`` of each report in ``found`` (asan_findings) that no out-of-bounds
+    entry of ``expected`` for vllm-cpu lists, sorted, once each."""
+    known = {(e.kernel, e.rule) for e in expected if e.backend == "vllm-cpu" and e.out_of_bounds}
+    new = {f"{function.removesuffix('_impl')}: {kind} in {function}" for kind, function, _ in found
+           if (function.removesuffix("_impl"), f"{kind} in {function}") not in known}
+    return sorted(new)
+
+
 def _engine(ns: argparse.Namespace, reports: Path) -> int:
     """vLLM's CPU port under ASan: the engine's conformance on vllm-cpu, every report a finding."""
     from conformance import engine, findings
@@ -121,15 +133,11 @@ def _engine(ns: argparse.Namespace, reports: Path) -> int:
     done = subprocess.run([sys.executable, "-m", "conformance", *args], env=env, capture_output=True, text=True)
     out = done.stdout + done.stderr
     found = asan_findings(out)
-    known = {(e.kernel, e.rule) for e in findings.expected(ns.expected) if e.backend == "vllm-cpu" and e.out_of_bounds}
     print(f"  conformance of vllm-cpu under ASan: exit {done.returncode} in {time.perf_counter() - t:.0f} s", flush=True)
-    new = []
+    new = unlisted(found, findings.expected(ns.expected))
     for (kind, function, where), count in sorted(found.items()):
-        kernel = function.removesuffix("_impl")
-        listed = (kernel, f"{kind} in {function}") in known
+        listed = f"{function.removesuffix('_impl')}: {kind} in {function}" not in new
         print(f"  {'known' if listed else 'NEW'}: AddressSanitizer {kind} in {function} ({where}), {count} reports")
-        if not listed:
-            new.append(f"{kernel}: {kind} in {function}")
     if done.returncode not in (0, 1) or "Traceback" in done.stderr[-2000:] and not found:
         print(out[-3000:])
         print("FAILED: the engine run under ASan did not complete")
@@ -160,8 +168,8 @@ def add_parser(sub: Any) -> None:
                    help="address: ASan + UBSan over conformance, fuzz and threads; thread: TSan (with LLVM's OpenMP runtime and "
                         f"Archer) over the thread check at {THREAD_TEAMS} threads, every region forced parallel")
     p.add_argument("--step", action="append", choices=ADDRESS_STEPS,
-                   help="only this step under ASan+UBSan (repeatable; default: all three). CI runs conformance and threads; "
-                        "the fuzz under ASan runs nightly")
+                   help="only this step under ASan+UBSan (repeatable; default: all three). CI runs conformance; "
+                        "fuzz and threads under ASan run nightly")
     p.set_defaults(func=cmd)
 
 
