@@ -84,6 +84,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.vllm and isolate.child_dir() is None:  # one line for a --vllm that names nothing usable, before any child
         engine.use(ns.vllm)
         engine.located()
+        kernels = engine.loader()
+        for spec in contracts.SPECS.values():
+            kernels.parse(spec.qualname)
     if ns.isolate and isolate.child_dir() is None:  # a crashing backend is reported, not the end of the run
         seed = [] if ns.seed is not None or settings.get_profile(ns.profile).derandomize else ["--seed", str(random.getrandbits(32))]
         known = findings_mod.expected(ns.expected)
@@ -213,8 +216,9 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     recorded = case.meta.get("vllm") if isinstance(case.meta.get("vllm"), str) else None
     if ns.vllm:
         engine.use(ns.vllm)
+        _engine_loads(case.spec, ns.backend)
     elif recorded:
-        print(f"this case was saved from vLLM {recorded!r}'s engine backends; to replay them, pass --vllm with a vLLM "
+        print(f"this case was saved from the engine backends of vLLM {recorded!r}; to replay them, pass --vllm with a vLLM "
               "you trust (loading one executes its code)")
     named = [b for b in case.meta.get("backends", []) if isinstance(b, str) and b in BACKENDS and (ns.vllm or not BACKENDS[b].engine)]
     named = named if set(named) - {ORACLE} else []  # the engine's alone were named: every built-in backend instead
@@ -227,6 +231,11 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     if len(set(backends)) < 2:
         raise ValueError(f"replay needs two backends to compare, got {', '.join(backends) or 'none'}: name them with --backend")
     print(f"replaying {case.kernel} on {', '.join(f'{b} ({backend_mode(b)})' for b in backends)}")
+    try:
+        case.spec.check(case.args)
+        refused = None
+    except (TypeError, ValueError) as e:
+        refused = str(e)
     notes: list[Diff] = []
     try:
         run_case(case, backends, notes)
@@ -235,8 +244,19 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         return 1
     for n in notes:
         print(f"  {n.backend}: {'unsupported' if n.kind == 'unsupported' else f'departs ({n.departure})'}: {n.rule or n.detail}")
-    print("all backends agree")
+    print(f"the contract refuses this case ({refused}), and so does every backend" if refused else "all backends agree")
     return 0
+
+
+def _engine_loads(spec: contracts.KernelSpec, asked: list[str] | None) -> None:
+    """One line, before any case, when the vLLM named with --vllm cannot serve ``spec`` on the engine
+    backends ``asked`` for (all of them when None): a backend is never dropped without a word."""
+    engine.located()
+    for name, backend in BACKENDS.items():
+        if backend.engine and backend.applies(spec) and (asked is None or name in asked):
+            why = backend.unavailable()
+            if why is not None:
+                raise ValueError(f"--vllm {engine.named()!r}: backend {name}: {why}")
 
 
 def _replay_recording(ns: argparse.Namespace) -> int:
@@ -358,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return ns.func(ns)
     except (ValueError, KeyError, SourceError) as e:  # bad names, paths or files: one line, no traceback
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        print(f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `specdiff list | head`: the reader left; nothing more to say, and no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -26,6 +26,7 @@ from support import vllm_spec
 from conformance import engine, findings
 from conformance.backends import BACKENDS
 from conformance.case import Case
+from conformance.casefile import save_case
 from conformance.engine import cpu, source
 from conformance.runner import Disagreement, run_case
 
@@ -247,6 +248,28 @@ def test_a_bad_vllm_argument_is_a_clean_error_naming_it(tmp_path, capsys, monkey
 
     assert main(["run", "--vllm", str(tmp_path / "nowhere.txt"), "--kernel", "expand_kernel"]) == 2
     assert "--vllm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"def expand_kernel(:\n", b"# \xff\xfe not UTF-8\n"], ids=["syntax", "bytes"])
+def test_a_vllm_module_that_is_not_python_is_one_line_before_any_case(tmp_path, capsys, monkeypatch, content):
+    from conformance.cli import main
+
+    monkeypatch.setenv(engine.ENV, "")
+    monkeypatch.chdir(tmp_path)  # a refused run writes no report over the last one
+    tree = tmp_path / "vllm-tree"
+    module = tree / "vllm/v1/sample/rejection_sampler.py"
+    module.parent.mkdir(parents=True)
+    (tree / "vllm/__init__.py").write_text("")
+    module.write_bytes(content)
+    case = save_case(Case("expand_kernel", {"output_ptr": torch.zeros(0, dtype=torch.int32), "input_ptr": torch.zeros(0, dtype=torch.int32),
+                                            "cu_num_tokens_ptr": torch.zeros(0, dtype=torch.int32), "replace_from": 0,
+                                            "replace_to": 1, "MAX_NUM_TOKENS": 2}), tmp_path / "case.safetensors")
+    for argv in (["run", "--vllm", str(tree), "--backend", "vllm", "--kernel", "expand_kernel"],
+                 ["list", "--vllm", str(tree)], ["replay", str(case), "--vllm", str(tree), "--backend", "vllm"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "rejection_sampler.py: not a Python module" in err[0], (argv, err)
+    assert not (tmp_path / "reports").exists()
 
 
 def test_the_registration_unit_copies_schemas_and_declarations():

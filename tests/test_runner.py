@@ -312,7 +312,7 @@ def test_a_case_file_never_makes_replay_load_code(tmp_path, capsys):
     before = engine.named()
     assert cli.main(["replay", str(path)]) == 0
     out = capsys.readouterr().out
-    assert f"saved from vLLM {str(evil)!r}'s engine backends; to replay them, pass --vllm" in out
+    assert f"saved from the engine backends of vLLM {str(evil)!r}; to replay them, pass --vllm" in out
     assert not marker.exists() and engine.named() == before
 
 

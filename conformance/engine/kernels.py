@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import triton_impl  # noqa: F401  (first: it decides TRITON_INTERPRET before Triton loads)
-from conformance.engine.source import VllmSource
+from conformance.engine.source import SourceError, VllmSource
 
 # What vllm.triton_utils re-exports (tl, triton, tldevice, ...), by name.
 _TRITON_UTILS = {
@@ -58,7 +58,12 @@ class _Module:
     def __init__(self, loader: KernelLoader, name: str, path: Path) -> None:
         self.name = name
         self.path = path
-        self.tree = ast.parse(path.read_text(), str(path))
+        try:
+            self.tree = ast.parse(path.read_bytes().decode("utf-8"), str(path))
+        except (SyntaxError, UnicodeDecodeError, ValueError) as e:  # a tree is a file like any other: one line
+            where = f", line {e.lineno}" if isinstance(e, SyntaxError) and e.lineno else ""
+            raise SourceError(f"{path}: not a Python module this tool can read ({type(e).__name__}{where}: "
+                              f"{e.msg if isinstance(e, SyntaxError) else e})") from None
         self.module = ModuleType(f"specdiff_vllm.{name}")
         self.module.__file__ = str(path)
         self.ns = self.module.__dict__
@@ -162,6 +167,15 @@ class KernelLoader:
         if value is None:
             raise LookupError(f"{module}.{attr} is needed by a vLLM kernel but is not a kernel or constant of its source")
         return value
+
+    def parse(self, qualname: str) -> None:
+        """Reads and parses the module of ``qualname`` without running any of it: a file that is not
+        Python this tool can read is one line (SourceError) before any case."""
+        parts = qualname.split(".")
+        module = next((".".join(parts[:cut]) for cut in range(len(parts) - 1, 0, -1)
+                       if self.source.module_file(".".join(parts[:cut])) is not None), None)
+        if module is not None:
+            self._module(module)
 
     def kernel(self, qualname: str) -> Any:
         """The kernel at ``qualname``, or None when this vLLM has no such module or attribute."""
