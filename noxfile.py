@@ -8,7 +8,7 @@
     nox -s signatures    every backend's launch signature against its contract (-- --vllm: and vLLM's kernels)
     nox -s threads       the C++ port bit-identical at 1, 2, 3 and all OpenMP threads
     nox -s fuzz          malformed launches: clean TypeError/ValueError, nothing touched
-    nox -s mutants       the catalogue of planted faults (conformance/tools/mutants.toml) and its kill matrix
+    nox -s mutants       the planted faults (conformance/strategies/<family>.toml, conformance/tools/mutants.toml), a kill matrix
     nox -s nightly       every planted fault (C++ included), then conformance under the nightly profile
     nox -s sanitize      the C++ port under AddressSanitizer + UBSan: conformance, fuzz, threads (-- --sanitizer thread: TSan)
     nox -s compile       every Triton kernel compiled for sm_90 (no GPU): the type errors the interpreter misses
@@ -276,7 +276,7 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def mutants(session: nox.Session) -> None:
-    """Each catalogued fault (conformance/tools/mutants.toml) against the harness; fails if one survives.
+    """Each catalogued fault (conformance/strategies/*.toml, conformance/tools/mutants.toml) against the harness; fails if one survives.
 
     nox -s mutants                      every fault, checks in order until the first kill
     nox -s mutants -- --all-checks      every check on every fault: the full kill matrix

@@ -241,7 +241,7 @@ def state_coverage(name: str, seen: Counter[str], complete: bool) -> dict[str, A
     errors = [c for c in seen if c.startswith("classifier error")]
     return {
         "cases": {c: seen[c] for c in classes},
-        "hazards": {c: seen[c] for c in hazards},  # cases where a hazardous rule of the engine decided (coverage.HAZARDS)
+        "hazards": {c: seen[c] for c in hazards},  # cases where a hazardous rule of the engine decided (StateClass.hazard)
         "missing": (coverage.missing(name, seen) if complete else []) + errors,
     }
 
@@ -254,7 +254,7 @@ def summary(results: Results, backends: Sequence[str], states: dict[str, dict[st
         lines.append(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
     relied = {k: {h: n for h, n in st.get("hazards", {}).items() if n} for k, st in states.items()}
     if any(relied.values()):
-        lines += ["", "hazards: cases decided by a rule the contract keeps because vLLM 0.33.0 behaves so (coverage.HAZARDS):"]
+        lines += ["", "hazards: cases decided by a rule the contract keeps because vLLM 0.33.0 behaves so (StateClass.hazard):"]
         lines += [f"  {name}: " + ", ".join(f"{h} {n}" for h, n in hz.items()) for name, hz in relied.items() if hz]
     return "\n".join(lines)
 

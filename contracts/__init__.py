@@ -7,19 +7,24 @@ all read it (``tests/test_layout.py``)."""
 
 from __future__ import annotations
 
-from contracts import async_update, dflash, eagle, fly, mrv2, rejection, slot_mapping, topk_topp
+import importlib
+import pkgutil
+
 from contracts.spec import KernelSpec
 
-FAMILIES: dict[str, tuple[KernelSpec, ...]] = {
-    "rejection": rejection.SPECS,
-    "eagle": eagle.SPECS,
-    "dflash": dflash.SPECS,
-    "slot_mapping": slot_mapping.SPECS,
-    "mrv2": mrv2.SPECS,
-    "fly": fly.SPECS,
-    "async_update": async_update.SPECS,
-    "topk_topp": topk_topp.SPECS,
-}
+
+def _families() -> dict[str, tuple[KernelSpec, ...]]:
+    """Every module of this package with SPECS, by name: a new family adds its module and nothing here.
+    Sorted by name, so that every table lists the kernels in one order."""
+    found = {}
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"contracts.{m.name}")
+        if hasattr(module, "SPECS"):
+            found[m.name] = module.SPECS
+    return found
+
+
+FAMILIES: dict[str, tuple[KernelSpec, ...]] = _families()
 SPECS: dict[str, KernelSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 
 

@@ -80,7 +80,7 @@ void update_num_computed_tokens_for_batch_change(Buffer num_computed, Buffer num
 
 }  // namespace
 
-void register_async_update(py::module_& m) {
+SPECDIFF_FAMILY(async_update, "the async-scheduling update of num_computed_tokens") {
   def_kernel<&update_num_computed_tokens_for_batch_change>(m, "update_num_computed_tokens_for_batch_change");
 }
 

@@ -147,6 +147,6 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
 
 }  // namespace
 
-void register_dflash(py::module_& m) { def_kernel<&copy_and_expand_dflash_inputs>(m, "copy_and_expand_dflash_inputs"); }
+SPECDIFF_FAMILY(dflash, "DFlash input preparation") { def_kernel<&copy_and_expand_dflash_inputs>(m, "copy_and_expand_dflash_inputs"); }
 
 }  // namespace specdiff

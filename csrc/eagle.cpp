@@ -279,7 +279,7 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
 
 }  // namespace
 
-void register_eagle(py::module_& m) {
+SPECDIFF_FAMILY(eagle, "EAGLE input preparation") {
   def_kernel<&eagle_step_slot_mapping_metadata>(m, "eagle_step_slot_mapping_metadata");
   def_kernel<&eagle_prepare_inputs_padded>(m, "eagle_prepare_inputs_padded");
   def_kernel<&eagle_prepare_next_token_padded>(m, "eagle_prepare_next_token_padded");

@@ -139,7 +139,7 @@ void apply_fly_random_acceptance(Buffer cu, Buffer draft, Buffer draft_probs, Bu
 
 }  // namespace
 
-void register_fly(py::module_& m) {
+SPECDIFF_FAMILY(fly, "the FLy pre-pass of V1's rejection sampler") {
   def_kernel<&apply_fly_greedy_acceptance>(m, "apply_fly_greedy_acceptance");
   def_kernel<&apply_fly_random_acceptance>(m, "apply_fly_random_acceptance");
 }

@@ -4,6 +4,7 @@
 #include "vmath.h"
 
 #include "common.h"
+#include "launch.h"
 
 namespace specdiff {
 namespace {
@@ -206,7 +207,7 @@ py::tuple bound_slack(bool noise, std::int64_t lo, std::int64_t count) {
 
 }  // namespace
 
-void register_gumbel(py::module_& m) {
+SPECDIFF_FAMILY(gumbel, "MRV2's random streams and numerics, as probes (not kernels)") {
   m.def("philox", &philox);
   m.def("murmur3", &murmur3);
   m.def("numerics", &numerics);

@@ -13,6 +13,11 @@ std::map<std::string, Entry>& entries() {
   return table;
 }
 
+std::vector<Family>& families() {
+  static std::vector<Family> all;  // constructed on first use: units register in any order
+  return all;
+}
+
 namespace {
 
 // Owned reference to a new object, or the pending Python error rethrown.

@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common.h"
 #include "metadata.h"
@@ -65,6 +66,24 @@ template <auto F, class... A>
 Entry entry_of(void (*)(A...)) {
   return {[](const Arg* a) { invoke_with<F>(a, F, std::index_sequence_for<A...>{}); }, sizeof...(A)};
 }
+
+// A submodule cpu_impl._C.<name>: each family's unit registers itself while the library loads
+// (SPECDIFF_FAMILY below), so a new family adds its .cpp file and nothing else.
+struct Family {
+  const char* name;
+  const char* doc;
+  void (*define)(py::module_&);
+};
+std::vector<Family>& families();
+struct RegisterFamily {
+  RegisterFamily(const char* name, const char* doc, void (*define)(py::module_&)) { families().push_back({name, doc, define}); }
+};
+
+// SPECDIFF_FAMILY(fly, "doc") { def_kernel<&f>(m, "f"); } defines cpu_impl._C.fly.
+#define SPECDIFF_FAMILY(NAME, DOC)                                                     \
+  static void define_##NAME(py::module_& m);                                           \
+  static const ::specdiff::RegisterFamily registered_##NAME(#NAME, DOC, define_##NAME); \
+  static void define_##NAME(py::module_& m)
 
 // Registers entry point F as cpu_impl._C.<family>.<name> and in the launcher's table.
 template <auto F>

@@ -1386,7 +1386,7 @@ void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sa
 
 }  // namespace
 
-void register_mrv2(py::module_& m) {
+SPECDIFF_FAMILY(mrv2, "Model Runner V2's rejection sampler") {
   def_kernel<&gather_draft_sampled>(m, "_gather_draft_sampled");
   def_kernel<&flatten_sampled>(m, "_flatten_sampled");
   def_kernel<&logits_stats>(m, "_compute_local_logits_stats");

@@ -553,7 +553,7 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
 
 }  // namespace
 
-void register_rejection(py::module_& m) {
+SPECDIFF_FAMILY(rejection, "rejection-sampler family") {
   def_kernel<&rejection_greedy_sample>(m, "rejection_greedy_sample");
   def_kernel<&rejection_random_sample>(m, "rejection_random_sample");
   def_kernel<&expand>(m, "expand");

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include "common.h"
+#include "launch.h"
 
 namespace specdiff {
 namespace {
@@ -60,7 +61,7 @@ double read_streams(Buffer x, std::int64_t streams) {
 
 }  // namespace
 
-void register_roofline(py::module_& m) {
+SPECDIFF_FAMILY(roofline, "the benchmarks' read roofline (not a kernel)") {
   m.def("read_streams", &read_streams, py::arg("x"), py::arg("streams"),
         "Sum a float32 buffer as K4 reads: per thread, `streams` slices side by side (the read roofline).");
 }

@@ -224,6 +224,6 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
 
 }  // namespace
 
-void register_slot_mapping(py::module_& m) { def_kernel<&compute_slot_mapping>(m, "compute_slot_mapping"); }
+SPECDIFF_FAMILY(slot_mapping, "KV slot mapping") { def_kernel<&compute_slot_mapping>(m, "compute_slot_mapping"); }
 
 }  // namespace specdiff

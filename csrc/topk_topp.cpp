@@ -517,7 +517,7 @@ void topp_sb_mask(Strided logits, std::int64_t stride, Buffer stats, Buffer part
 
 }  // namespace
 
-void register_topk_topp(py::module_& m) {
+SPECDIFF_FAMILY(topk_topp, "the top-k/top-p mask") {
   def_kernel<&topk_topp>(m, "_topk_topp");
   def_kernel<&topp_sb_stats>(m, "_topp_sb_stats");
   def_kernel<&topp_sb_step>(m, "_topp_sb_step");

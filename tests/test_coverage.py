@@ -9,7 +9,8 @@ from collections import Counter
 
 import torch
 
-from conformance import coverage, suite
+import contracts
+from conformance import coverage, strategies, suite
 from conformance.backends import ORACLE
 from conformance.case import Case
 from conformance.profiles import chosen
@@ -40,7 +41,8 @@ def test_a_class_never_generated_fails_the_ci_run(monkeypatch, tmp_path, capsys)
     from conformance.cli import main
 
     never = coverage.StateClass("impossible", ("expand_kernel",), lambda k, a, o: 0, "no case reaches it")
-    monkeypatch.setattr(coverage, "CLASSES", (*coverage.CLASSES, never))
+    rejection = strategies.family_module("rejection")
+    monkeypatch.setattr(rejection, "CLASSES", (*rejection.CLASSES, never))
     # Seeded: the dev profile draws afresh each run, and 50 examples may miss a real class as well
     # (a CI run once missed "one below MAX_NUM_TOKENS" too, and the line named both).
     rc = main(["run", "--profile", "dev", "--seed", "0", "--kernel", "expand_kernel", "--backend", "cpu", "--require-coverage",
@@ -51,14 +53,15 @@ def test_a_class_never_generated_fails_the_ci_run(monkeypatch, tmp_path, capsys)
 
 
 def test_hazards_are_counted_apart_and_never_required():
-    assert all(not h.required for h in coverage.HAZARDS)
+    hazards = [c for f in contracts.FAMILIES for c in getattr(strategies.family_module(f), "CLASSES", ()) if c.hazard]
+    assert len(hazards) == 3 and all(not h.required for h in hazards)
     a = {"query_start_loc_ptr": torch.tensor([0, 2, 3]), "num_rejected_tokens_ptr": torch.tensor([1, 1]), "HAS_NUM_REJECTED": True}
     # request 1 owns token 2 only; with one rejected it reads token 1, request 0's
-    assert coverage.earlier_request_position("copy_and_expand_dflash_inputs_kernel", a, {}) == 1
+    assert strategies.family_module("dflash").earlier_request_position("copy_and_expand_dflash_inputs_kernel", a, {}) == 1
     p = torch.tensor([[0.5, 0.5], [0.2, 0.8]])
     q = torch.tensor([[0.6, 0.5], [0.1, 0.8]])
     k4 = {"draft_token_ids_ptr": torch.tensor([0, 1]), "vocab_size": 2, "target_probs_ptr": p, "draft_probs_ptr": q, "NO_DRAFT_PROBS": False}
-    assert coverage.residual_without_winner("sample_recovered_tokens_kernel", k4, {}) == 1  # row 0: p <= q everywhere
+    assert strategies.family_module("rejection").residual_without_winner("sample_recovered_tokens_kernel", k4, {}) == 1  # row 0: p <= q everywhere
     assert "hazards" in suite.state_coverage("sample_recovered_tokens_kernel", Counter({"residual with no winner: token 0": 3}), True)
     # hazard classes are neither coverage nor missing
     st_ = suite.state_coverage("sample_recovered_tokens_kernel", Counter(), True)

@@ -253,3 +253,28 @@ def test_the_private_check_sees_a_private_use():
         "tests/probe.py:6: conformance.runner._y"]
     # A module's own private names are its own business.
     assert private_uses(Path("conformance/runner.py"), "from conformance.runner import _own\n") == []
+
+
+# -- a family is its own files (docs/adding-a-family.md) ---------------------------------------------
+@pytest.mark.parametrize("family", sorted(contracts.FAMILIES))
+def test_a_family_is_found_by_its_files_alone(family):
+    import cpu_impl._C as native
+    from conformance import strategies
+    from conformance.tools import mutants
+
+    # The contracts package, the C++ extension and the catalogue each found it without a list naming it.
+    assert f"{family}.py" in {p.name for p in (ROOT / "contracts").glob("*.py")}
+    assert getattr(native, family).__doc__, f"csrc/{family}.cpp registers no cpu_impl._C.{family} (SPECDIFF_FAMILY)"
+    assert f"SPECDIFF_FAMILY({family}," in (ROOT / "csrc" / f"{family}.cpp").read_text()
+    module = strategies.family_module(family)
+    own = {s.name for s in contracts.FAMILIES[family]}
+    assert all(set(c.kernels) <= own for c in getattr(module, "CLASSES", ())), "a family's state classes name its own kernels"
+    faults = ROOT / "conformance" / "strategies" / f"{family}.toml"
+    assert not faults.exists() or faults in mutants.CATALOGUE
+
+
+def test_no_list_of_families_is_left_to_edit():
+    # What a new family used to edit: the contracts' list, the C++ module's, the coverage classes'.
+    assert "register_" not in re.sub(r"register_launcher", "", (ROOT / "csrc" / "module.cpp").read_text())
+    assert "from contracts import" not in (ROOT / "contracts" / "__init__.py").read_text()
+    assert "StateClass(" not in (ROOT / "conformance" / "coverage.py").read_text().split("class StateClass")[1]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 from hypothesis import strategies as st
@@ -35,6 +36,12 @@ def cases_for(kernel: str) -> Callable[[Callable[[], st.SearchStrategy[Case]]], 
     return register
 
 
+def family_module(family: str) -> ModuleType:
+    """The family's module of this package: its case strategies (registered on import), and its
+    ``CLASSES`` and ``TARGETS`` (conformance/coverage.py)."""
+    return importlib.import_module(FAMILY_MODULES[family])
+
+
 def cases(kernel: str, call_site: bool = False) -> st.SearchStrategy[Case]:
     """Cases of ``kernel``, launched by keyword (as vLLM does) or positionally.
 
@@ -42,7 +49,7 @@ def cases(kernel: str, call_site: bool = False) -> st.SearchStrategy[Case]:
     tensor in its parameter's call-site dtype (converted when its values fit, else not drawn).
     """
     spec = contracts.get(kernel)
-    importlib.import_module(FAMILY_MODULES[spec.family])
+    family_module(spec.family)
     base = _CASES[kernel]()
     if call_site:
         return base.map(lambda c: _at_call_site(spec, c)).filter(lambda c: c is not None and (spec.call_site is None or spec.call_site(c.args)))

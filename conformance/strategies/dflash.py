@@ -9,6 +9,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import (
     I64,
@@ -107,3 +108,18 @@ def _dflash_cases(draw: st.DrawFn) -> Case:
         HAS_NUM_REJECTED=has_rejected,
     )
     return Case(contract.K9, args)
+
+
+# -- state classes: what the cases must reach (conformance/coverage.py) --------------------------
+def earlier_request_position(kernel: str, a: Args, out: Outputs) -> int:
+    """K9 requests whose last context position is read from an earlier request's tokens (C23)."""
+    qsl = a["query_start_loc_ptr"].to(torch.int64).tolist()
+    b = len(qsl) - 1
+    rej = a["num_rejected_tokens_ptr"].to(torch.int64).tolist() if a["HAS_NUM_REJECTED"] else [0] * b
+    return sum(1 for r in range(b) if qsl[r + 1] - rej[r] - 1 < qsl[r])
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("last position read from an earlier request", ("copy_and_expand_dflash_inputs_kernel",), earlier_request_position,
+               "more rejected tokens than the request has: vLLM reads an earlier request's position (C23)", required=False, hazard=True),
+)

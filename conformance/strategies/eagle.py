@@ -10,6 +10,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, seeds
 from conformance.strategies.metadata import (
     I64,
@@ -22,7 +23,9 @@ from conformance.strategies.metadata import (
     wide_dtypes,
 )
 from contracts import eagle as contract
-from contracts.spec import cdiv, next_power_of_2
+from contracts._checks import flat_view
+from contracts.eagle import K5, K6, K7
+from contracts.spec import cdiv, counts, next_power_of_2
 
 
 # -- K5 ------------------------------------------------------------------------------------------
@@ -207,3 +210,33 @@ def _copy_expand_cases(draw: st.DrawFn) -> Case:
     )
     return Case(contract.K8, args)
 
+
+# -- state classes: what the cases must reach (conformance/coverage.py) --------------------------
+def _zero_draft_requests(kernel: str, a: Args, out: Outputs) -> int:
+    cu = a["cu_num_draft_tokens_ptr"]
+    if kernel == K6:
+        cu = cu[: a["num_reqs"]]
+    return int((counts(cu) == 0).sum()) if cu.numel() else 0
+
+
+def _discarded(kernel: str, a: Args, out: Outputs) -> int:
+    return int(a["discard_request_mask_ptr"][: a["num_reqs"]].sum())
+
+
+def _placeholder_samples(kernel: str, a: Args, out: Outputs) -> int:
+    n, w, stride = a["num_reqs"], a["num_sampled_tokens_per_req"], a["stride_sampled_token_ids"]
+    flat = flat_view(a["sampled_token_ids_ptr"]).tolist()
+    return sum(1 for r in range(n) for j in range(w) if r * stride + j < len(flat) and flat[r * stride + j] == -1)
+
+
+def _padding_rows(kernel: str, a: Args, out: Outputs) -> int:
+    """Rows past batch_size are CUDA-graph padding (C21)."""
+    return max(0, a["out_slot_mapping_ptr"].numel() - a["batch_size"])
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("zero drafts", (K6,), _zero_draft_requests, "a request without drafts: 0 rejected tokens (C19)"),
+    StateClass("padding rows", (K5,), _padding_rows, "CUDA-graph padding rows past batch_size (C21)"),
+    StateClass("discarded requests", (K7,), _discarded, "a discarded request gets the backup token (C20)"),
+    StateClass("placeholder drafts", (K7,), _placeholder_samples, "-1 (rejected) sampled tokens (C20)"),
+)

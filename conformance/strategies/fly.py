@@ -9,8 +9,11 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
 from conformance.strategies import cases_for, generator
 from conformance.strategies.rejection import ROW_KINDS, Batch, batches, draft_ratio, prob_rows, row_kinds, uniforms
+from contracts import fly as contract
+from contracts.spec import counts
 
 # The config's default 0.3, its bounds, a value float32 rounds (0.1), a negative one and infinity
 # (FLy off, except for an infinite entropy); then any float32 in [0, 4].
@@ -198,3 +201,58 @@ def _random_cases(draw: st.DrawFn) -> Case:
         FLY_WINDOW_SIZE=window,
     )
     return Case("apply_fly_random_acceptance_kernel", args)
+
+
+# -- state classes: what the cases must reach (conformance/coverage.py) --------------------------
+def _fly_rewritten(kernel: str) -> str:
+    """The one input a FLy kernel rewrites (its contract's only output)."""
+    (p,) = (contract.APPLY_FLY_GREEDY if kernel == contract.K19 else contract.APPLY_FLY_RANDOM).outputs
+    return p.name
+
+
+def _fly_written(kernel: str, a: Args, out: Outputs) -> torch.Tensor:
+    """Draft positions the oracle deferred: the cells of the rewritten input that changed."""
+    name = _fly_rewritten(kernel)
+    before, after = a[name], out.get(name)
+    if after is None or not before.numel():
+        return torch.zeros(0, dtype=torch.bool)
+    return after != before
+
+
+def _fly_deferred(kernel: str, a: Args, out: Outputs) -> int:
+    return int(_fly_written(kernel, a, out).sum())
+
+
+def _fly_on_threshold(kernel: str, a: Args, out: Outputs) -> int:
+    """Deferred positions whose entropy is exactly the float32 threshold (the test is >=)."""
+    written = _fly_written(kernel, a, out)
+    threshold = torch.tensor(a["fly_entropy_threshold"], dtype=torch.float32)
+    return int((written & (a["fly_entropy_ptr"][: written.numel()] == threshold)).sum())
+
+
+def _fly_blocked_by_window(kernel: str, a: Args, out: Outputs) -> int:
+    """Positions with room for a window (pos + W < n) that defer without one (the oracle at W = 0)
+    but not with it: a draft in the window was rejected."""
+    import reference.fly
+
+    w = a["FLY_WINDOW_SIZE"]
+    if w == 0:
+        return 0
+    name = _fly_rewritten(kernel)
+    bare = dict(a, FLY_WINDOW_SIZE=0, **{name: a[name].clone()})
+    getattr(reference.fly, kernel)(**bare)
+    without = bare[name] != a[name]
+    cu = a["cu_num_draft_tokens_ptr"]
+    n = counts(cu)
+    room = torch.repeat_interleave(n, n)  # each position's row length
+    pos = torch.arange(int(n.sum())) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+    return int((without[: pos.numel()] & ~_fly_written(kernel, a, out)[: pos.numel()] & (pos + w < room)).sum())
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("deferred", (contract.K19, contract.K20), _fly_deferred, "a rejection deferred: its input rewritten (C33)"),
+    StateClass("deferred at the threshold", (contract.K19, contract.K20), _fly_on_threshold,
+               "a deferral whose entropy is exactly the float32 threshold (non-strict, C33)"),
+    StateClass("blocked by the window", (contract.K19, contract.K20), _fly_blocked_by_window,
+               "a position that would defer but for a rejected draft in its window (C33)"),
+)

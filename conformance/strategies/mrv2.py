@@ -15,6 +15,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import I32, I64, padding, wide_dtypes
 from contracts import mrv2 as contract
@@ -640,3 +641,58 @@ def _resample_cases(draw: st.DrawFn) -> Case:
         DEDUPLICATE_CONTEXTS=False,
     )
     return Case(contract.K17, args)
+
+
+# -- state classes: what the cases must reach (conformance/coverage.py) --------------------------
+def _verdicts(a: Args, out: Outputs) -> list[tuple[contract.Request, int]]:
+    """(request, accepted drafts) of every K16 request with drafts."""
+    steps = out.get("rejected_steps_ptr")
+    if steps is None:
+        return []
+    return [(q, int(steps[q.index])) for q in contract.requests(a) if q.drafts]
+
+
+def _mrv2_all_accepted(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(k == q.drafts for q, k in _verdicts(a, out))
+
+
+def _mrv2_first_rejected(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(k == 0 for q, k in _verdicts(a, out))
+
+
+def _mrv2_rejected_later(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(0 < k < q.drafts for q, k in _verdicts(a, out))
+
+
+def _mrv2_block_random(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not q.greedy for q, _ in _verdicts(a, out)) if a["USE_BLOCK_VERIFICATION"] else 0
+
+
+def _mrv2_fly_random(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not q.greedy for q, _ in _verdicts(a, out)) if a["FLY_WINDOW_SIZE"] else 0
+
+
+def _resampled(kernel: str, a: Args, kind: str) -> int:
+    reqs = [q for q in contract.resamples(a) if q.writes]
+    if kind == "bonus":
+        return sum(q.bonus for q in reqs)
+    if kind == "placeholder":
+        return sum(not q.bonus and q.rejected < 0 for q in reqs)
+    draft = kind == "draft logits"
+    return sum(q.residual for q in reqs) if bool(a["HAS_DRAFT_LOGITS"]) == draft else 0
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("all accepted", (contract.K16,), _mrv2_all_accepted, "a request with drafts accepts them all"),
+    StateClass("first draft rejected", (contract.K16,), _mrv2_first_rejected, "a request with drafts accepts none"),
+    StateClass("rejected after an accepted draft", (contract.K16,), _mrv2_rejected_later, "a request accepts some of its drafts"),
+    StateClass("block verification", (contract.K16,), _mrv2_block_random, "a random request under block verification"),
+    StateClass("FLy window", (contract.K16,), _mrv2_fly_random, "a random request under FLy"),
+    StateClass("bonus resample", (contract.K17,), lambda k, a, o: _resampled(k, a, "bonus"), "every draft accepted: the target's own draw"),
+    StateClass("placeholder resample", (contract.K17,), lambda k, a, o: _resampled(k, a, "placeholder"),
+               "rejected at a -1 placeholder: the target's own draw"),
+    StateClass("residual with draft logits", (contract.K17,), lambda k, a, o: _resampled(k, a, "draft logits"),
+               "p minus q, in the log domain"),
+    StateClass("one-hot residual", (contract.K17,), lambda k, a, o: _resampled(k, a, "one-hot"),
+               "the target without the rejected draft"),
+)

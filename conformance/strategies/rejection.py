@@ -4,16 +4,21 @@ mode, one-hot and tied probability rows, -1 padded drafts and boundary uniforms.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
+from conformance.runner import poison_value
 from conformance.strategies import cases_for, generator, inclusive_cumsum, int_dtypes, ragged_counts, seeds
 from conformance.strategies.metadata import padding
-from contracts.spec import cdiv
+from contracts import rejection as contract
+from contracts.spec import cdiv, counts
 
 # Tiny, power-of-two and awkward vocabularies; the C++ chunk (4096) and Triton tiles see edges.
 VOCABS = st.sampled_from([8, 1, 2, 3, 5, 16, 17, 31, 100, 257, 4099])
@@ -372,3 +377,157 @@ def _recovered_cases(draw: st.DrawFn) -> Case:
         USE_FP64_GUMBEL=fp64,
     )
     return Case("sample_recovered_tokens_kernel", args)
+
+
+# -- state classes: what the cases must reach (conformance/coverage.py) --------------------------
+K1, K2, K3, K4 = (s.name for s in (contract.REJECTION_GREEDY, contract.REJECTION_RANDOM, contract.EXPAND, contract.SAMPLE_RECOVERED))
+
+
+def _rows(kernel: str, a: Args, out: Outputs) -> list[tuple[int, int, list[Any]]]:
+    """(n, start, written row cells as values or None for untouched) of every row the kernel processes."""
+    cu = a["cu_num_draft_tokens_ptr"]
+    g = a["is_greedy_ptr"]
+    want = kernel == K1
+    o = out.get("output_token_ids_ptr")
+    if o is None:
+        return []
+    width = a["max_spec_len"] + 1
+    flat = o.reshape(-1).tolist()
+    poison = poison_value(o.dtype)
+    rows = []
+    n_all = counts(cu).tolist()
+    start = 0
+    for r, n in enumerate(n_all):
+        if g is None or bool(g[r]) == want:
+            cells = [None if v == poison else v for v in flat[r * width : (r + 1) * width]]
+            rows.append((n, start, cells))
+        start += n
+    return rows
+
+
+def _all_accepted(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for n, _, cells in _rows(kernel, a, out) if n >= 1 and cells[n] is not None)
+
+
+def _first_rejected(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for n, _, cells in _rows(kernel, a, out) if n >= 1 and cells[1] is None)
+
+
+def _rejected_later(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for n, _, cells in _rows(kernel, a, out) if n >= 2 and cells[1] is not None and cells[n] is None)
+
+
+def _zero_draft_rows(kernel: str, a: Args, out: Outputs) -> int:
+    if kernel in (K1, K2):
+        return sum(1 for n, _, _ in _rows(kernel, a, out) if n == 0)
+    cu = a["cu_num_draft_tokens_ptr"]  # K4 computes every row
+    return int((counts(cu) == 0).sum()) if cu.numel() else 0
+
+
+def _synthetic_rows(kernel: str, a: Args, out: Outputs) -> int:
+    return len(_rows(kernel, a, out)) if a["SYNTHETIC_MODE"] else 0
+
+
+def _mixed(kernel: str, a: Args, out: Outputs) -> int:
+    g = a["is_greedy_ptr"]
+    b = a["cu_num_draft_tokens_ptr"].numel()
+    return int(g is not None and b > 0 and bool(g[:b].any()) and not bool(g[:b].all()))
+
+
+def _placeholder_drafts(kernel: str, a: Args, out: Outputs) -> int:
+    d = a["draft_token_ids_ptr"]
+    if kernel in (K1, K2):
+        return sum(int((d[s : s + n] == -1).sum()) for n, s, _ in _rows(kernel, a, out))
+    t = int(a["cu_num_draft_tokens_ptr"][-1]) if a["cu_num_draft_tokens_ptr"].numel() else 0
+    return int((d[:t] == -1).sum())
+
+
+def _longest_accepted_chain(kernel: str, a: Args, out: Outputs) -> int:
+    """Drafts accepted in a row, the longest over the batch: a ``target()`` to maximise."""
+    best = 0
+    for n, _, cells in _rows(kernel, a, out):
+        accepted = n if cells[n] is not None else next((j for j in range(1, n + 1) if cells[j] is None), 1) - 1
+        best = max(best, accepted)
+    return best
+
+
+def _cap_counts(a: Args) -> torch.Tensor:
+    return counts(a["cu_num_tokens_ptr"]) if a["cu_num_tokens_ptr"].numel() else torch.zeros(0, dtype=torch.int64)
+
+
+def _at_cap(kernel: str, a: Args, out: Outputs) -> int:
+    return int((_cap_counts(a) == a["MAX_NUM_TOKENS"]).sum())
+
+
+def _below_cap(kernel: str, a: Args, out: Outputs) -> int:
+    return int((_cap_counts(a) == a["MAX_NUM_TOKENS"] - 1).sum()) if a["MAX_NUM_TOKENS"] > 1 else 0
+
+
+def _no_draft_tests(a: Args) -> list[tuple[float, float]]:
+    """(p, u) of every draft a NO_DRAFT_PROBS, non-synthetic K2 launch tests, in order, up to each
+    row's first rejection (p >= u accepts)."""
+    if not a["NO_DRAFT_PROBS"] or a["SYNTHETIC_MODE"]:
+        return []
+    tests = []
+    v, tp, u = a["vocab_size"], a["target_probs_ptr"], a["uniform_probs_ptr"]
+    g, draft = a["is_greedy_ptr"], a["draft_token_ids_ptr"]
+    start = 0
+    for r, n in enumerate(counts(a["cu_num_draft_tokens_ptr"]).tolist()):
+        if not bool(g[r]):
+            for i in range(start, start + n):
+                d = int(draft[i])
+                if not 0 <= d < v:
+                    break
+                p, x = float(tp[i, d]), float(u[i])
+                tests.append((p, x))
+                if not p >= x:
+                    break
+        start += n
+    return tests
+
+
+def _no_draft_on_p(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for p, x in _no_draft_tests(a) if p == x and p > 0)
+
+
+def _no_draft_zero(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(1 for p, x in _no_draft_tests(a) if p == x == 0)
+
+
+def _capped(kernel: str, a: Args, out: Outputs) -> int:
+    return int((_cap_counts(a) > a["MAX_NUM_TOKENS"]).sum())
+
+
+def residual_without_winner(kernel: str, a: Args, out: Outputs) -> int:
+    """K4 drafts whose residual has no positive, non-NaN score: the recovered token is index 0 (C16)."""
+    t = a["draft_token_ids_ptr"].numel()
+    if not t:
+        return 0
+    v = a["vocab_size"]
+    p = a["target_probs_ptr"].reshape(-1)[: t * v].reshape(t, v)
+    score = p if a["NO_DRAFT_PROBS"] else p - a["draft_probs_ptr"].reshape(-1)[: t * v].reshape(t, v)
+    return int((~(score > 0).any(dim=1)).sum())
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("all accepted", (K1, K2), _all_accepted, "a row with drafts whose every draft is accepted: the bonus is written"),
+    StateClass("first draft rejected", (K1, K2), _first_rejected, "a row with drafts rejected at position 0"),
+    StateClass("rejected after an accepted draft", (K1, K2), _rejected_later, "a row accepted at position 0 and rejected before its bonus"),
+    StateClass("zero drafts", (K1, K2, K4), _zero_draft_rows, "a processed row without drafts: only the bonus (K1, K2), nothing (K4)"),
+    StateClass("synthetic rows", (K1, K2), _synthetic_rows, "rows decided by u < rate (SYNTHETIC_MODE)"),
+    StateClass("mixed greedy and random", (K1, K2), _mixed, "a batch with greedy and random rows (C14)"),
+    StateClass("placeholder drafts", (K1, K2, K4), _placeholder_drafts, "-1 draft tokens (C10, C16)"),
+    StateClass("capped at MAX_NUM_TOKENS", (K3,), _capped, "a request with more tokens than MAX_NUM_TOKENS (C18)"),
+    StateClass("exactly MAX_NUM_TOKENS", (K3,), _at_cap, "a request of MAX_NUM_TOKENS tokens: all written, none cut"),
+    StateClass("one below MAX_NUM_TOKENS", (K3,), _below_cap, "a request of MAX_NUM_TOKENS - 1 tokens (MAX_NUM_TOKENS > 1)"),
+    StateClass("u == p without draft probabilities", (K2,), _no_draft_on_p, "NO_DRAFT_PROBS: a draft tested with u exactly p > 0 (accepted: non-strict)"),
+    StateClass("u == p == 0 without draft probabilities", (K2,), _no_draft_zero, "NO_DRAFT_PROBS: a zero-probability draft tested with u = 0 (accepted)"),
+    StateClass("residual with no winner: token 0", (K4,), residual_without_winner,
+               "every residual score is <= 0 or NaN: vLLM's argmax returns index 0, a token nobody proposed (C16)", required=False, hazard=True),
+)
+
+# Hypothesis target() per kernel: (label, function); maximised during generation.
+TARGETS: dict[str, tuple[str, Callable[[str, Args, Outputs], int]]] = {
+    K1: ("longest accepted chain", _longest_accepted_chain),
+    K2: ("longest accepted chain", _longest_accepted_chain),
+}

@@ -9,6 +9,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
 from conformance.strategies import cases_for, generator, int_dtypes, seeds
 from conformance.strategies.metadata import (
     I64,
@@ -21,6 +22,7 @@ from conformance.strategies.metadata import (
     wide_dtypes,
 )
 from contracts import slot_mapping as contract
+from contracts.slot_mapping import K10
 from contracts.spec import cdiv
 
 
@@ -95,3 +97,28 @@ def _slot_mapping_cases(draw: st.DrawFn) -> Case:
         BLOCK_SIZE=tile,
     )
     return Case(contract.K10, args)
+
+
+# -- state classes: what the cases must reach (conformance/coverage.py) --------------------------
+def _slots_past_row(kernel: str, a: Args, out: Outputs) -> int:
+    """K10 local tokens whose virtual block index runs past their block-table row into the next (C22)."""
+    from contracts.slot_mapping import local_slots, scheduled_tokens
+
+    table = a["block_table_ptr"]
+    _, tokens = scheduled_tokens(a)
+    if not tokens.numel() or table.dim() != 2:
+        return 0
+    vbi, _, local = local_slots(a, a["positions_ptr"][tokens].to(torch.int64))
+    return int(((vbi >= table.shape[1]) & local).sum())
+
+
+def _padding_rows(kernel: str, a: Args, out: Outputs) -> int:
+    """The padded tail [num_tokens, max_num_tokens) (C22)."""
+    return max(0, a["max_num_tokens"] - a["num_tokens"])
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("padding rows", (K10,), _padding_rows, "the padded tail of the slot mapping past num_tokens (C22)"),
+    StateClass("slot read from the next block-table row", (K10,), _slots_past_row,
+               "a local token's virtual block index is past its row: vLLM reads the next request's row (C22)", required=False, hazard=True),
+)

@@ -6,11 +6,14 @@ grids of fewer programs than rows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
 from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
 from conformance.strategies import cases_for, generator, seeds
 from contracts import topk_topp as contract
 
@@ -258,3 +261,92 @@ def mask_cases() -> st.SearchStrategy[Case]:
         return Case(contract.MASK_KERNEL, _split_args(a, contract.TOPP_MASK.arg_names))
 
     return case()
+
+
+# -- state classes: what the cases must reach (conformance/coverage.py) --------------------------
+def _topk_rows(a: Args) -> list[tuple[torch.Tensor, dict[str, tuple[float, int, int]]]]:
+    """Each row's logits and the oracle's cut-offs, by step (reference/contract.cutoffs)."""
+    from reference.topk_topp import cutoffs
+
+    out = []
+    for r in range(a["BATCH_SIZE"]):
+        x = contract.row_values(a, r)
+        out.append((x, cutoffs(x, *contract.row_steps(a, r), bool(a["SPLIT_COVERS_PONLY"]))))
+    return out
+
+
+def _ties_split(stage: str) -> Callable[[str, Args, Outputs], int]:
+    """Rows whose ``stage`` keeps some, not all, of the logits equal to its last kept one."""
+    def count(kernel: str, a: Args, out: Outputs) -> int:
+        return sum(stage in cut and cut[stage][1] < int((x == cut[stage][0]).sum()) for x, cut in _topk_rows(a))
+    return count
+
+
+def _topp_after_topk(kernel: str, a: Args, out: Outputs) -> int:
+    return sum("top-k" in cut and "top-p" in cut and cut["top-p"][2] < cut["top-k"][2] for _, cut in _topk_rows(a))
+
+
+def _untouched(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not cut for _, cut in _topk_rows(a))
+
+
+def _split_searches(kernel: str, a: Args) -> list[str]:
+    """The status of each owned row's search when this launch starts reading the workspace's
+    records ("search" after every round the launch replays: it searches itself or reads the
+    finishing record)."""
+    from reference.topk_topp import replay
+
+    rounds = a["ROUND"] if kernel == contract.STEP_KERNEL else a["NUM_ROUNDS"] - 1
+    out = []
+    for r in range(contract.split_rows(a)):
+        if contract.owned(a, r):
+            state = replay(a, r, 0, rounds)
+            out.append("no finite logit" if state is None else state.status)
+    return out
+
+
+def _split_status(status: str, last: bool) -> Callable[[str, Args, Outputs], int]:
+    def count(kernel: str, a: Args, out: Outputs) -> int:
+        if kernel == contract.STEP_KERNEL and last != (a["ROUND"] == a["NUM_ROUNDS"] - 1):
+            return 0
+        return _split_searches(kernel, a).count(status)
+    return count
+
+
+def _split_ties(kernel: str, a: Args, out: Outputs) -> int:
+    from reference.topk_topp import cutoffs
+
+    n = 0
+    for r in range(contract.split_rows(a)):
+        if contract.owned(a, r):
+            x = contract.row_values(a, r)
+            cut = cutoffs(x, None, contract.split_steps(a, r)[1], False).get("top-p")
+            n += cut is not None and cut[1] < int((x == cut[0]).sum())
+    return n
+
+
+def _split_foreign(kernel: str, a: Args, out: Outputs) -> int:
+    return sum(not contract.owned(a, r) for r in range(contract.split_rows(a)))
+
+
+_SPLIT = (contract.STATS_KERNEL, contract.STEP_KERNEL, contract.MASK_KERNEL)
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("ties split by top-k", (contract.KERNEL,), _ties_split("top-k"),
+               "top-k keeps some of the logits equal to the k-th, lowest columns first (C35)"),
+    StateClass("ties split by top-p", (contract.KERNEL,), _ties_split("top-p"),
+               "top-p's prefix ends inside a run of equal logits (C35)"),
+    StateClass("top-p after top-k", (contract.KERNEL,), _topp_after_topk, "top-p drops part of what top-k kept"),
+    StateClass("row untouched", (contract.KERNEL,), _untouched,
+               "neither step applies (k >= V, at most k finite logits, p >= 1, split rows, all -inf): no write"),
+    StateClass("a round ends the search", (contract.STEP_KERNEL, contract.MASK_KERNEL), _split_status("found", False),
+               "a row's cut-off found by the records of an earlier round (C36): nothing left to weigh"),
+    StateClass("the last round finishes", (contract.STEP_KERNEL,), _split_status("search", True),
+               "a row still searching at the last round: each program searches the whole row (C36)"),
+    StateClass("the finishing record read", (contract.MASK_KERNEL,), _split_status("search", False),
+               "a row the rounds left searching: the mask reads its slice's finishing record (C36)"),
+    StateClass("ties split by the split pipeline", (contract.MASK_KERNEL,), _split_ties,
+               "top-p's prefix ends inside a run of equal logits, kept lowest columns first across slices (C35)"),
+    StateClass("rows not the split's", _SPLIT, _split_foreign, "p >= 1, or k < V with HAS_K: every word and logit untouched"),
+)

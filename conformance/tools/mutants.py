@@ -1,8 +1,22 @@
 """Planted faults: the harness's measured power to detect realistic bugs.
 
-Each entry of the catalogue (``conformance/tools/mutants.toml``, data that anyone can extend) is one
-fault: a backend, a file, an exact ``find`` text and its ``replace``ment, the kernels that can
-see it, and the class of fault. ``python -m conformance mutants`` copies the tree once into a
+Each entry of the catalogue is one fault: a backend, a file, an exact ``find`` text and its
+``replace``ment, the kernels that can see it, and the class of fault. The catalogue is data that
+anyone can extend: each family's faults beside its cases (``conformance/strategies/<family>.toml``),
+the harness core's in ``conformance/tools/mutants.toml``. One ``[[mutant]]`` table per fault:
+
+- ``id``: unique, kebab-case, ``<backend>-<what breaks>``;
+- ``backend``: ``reference``, ``triton`` or ``cpu``, where the fault lives; a kill must name it;
+- ``file``: the path from the repository root (``csrc/`` files are rebuilt, the rest is Python);
+- ``find``: exact text that must occur once in the file, unless ``occurrence`` picks the n-th
+  (1-based); a ``find`` that no longer matches fails the session (update it);
+- ``replace``: what the text becomes; ``also``: further edits of the same file, in order;
+- ``kernels``: the kernels whose checks can see the fault; ``fault``: its class (the kill matrix
+  groups by it); ``description``: how a maintainer would plausibly have written it;
+- ``checks`` (optional): the checks to run, by default every one of ``CHECKS``.
+
+A fault must change behaviour the contract pins down: an "equivalent mutant" (an approximate
+division the Triton interpreter computes exactly anyway) proves nothing. ``python -m conformance mutants`` copies the tree once into a
 scratch directory, builds the C++ extension there once, and then for each mutant, one at a
 time: applies it, rebuilds only the changed translation unit (C++ faults), and runs the
 harness's checks from inside the copy — its packages shadow any installed specdiff, since the
@@ -36,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +74,8 @@ def source_tree(command: str) -> Path:
         raise ValueError(f"`{command}` works on specdiff's source tree (it rebuilds the C++ port or reads git), "
                          f"and this specdiff is installed without one ({ROOT}): run it from a clone")
     return ROOT
-CATALOGUE = Path(__file__).with_name("mutants.toml")
+# The harness core's faults, then each family's, in name order.
+CATALOGUE = (Path(__file__).with_name("mutants.toml"), *sorted(Path(__file__).parent.parent.joinpath("strategies").glob("*.toml")))
 FAILED = ("fail", "error", "crash")
 CHECKS = ("conformance", "threads", "fuzz", "signatures", "goldens", "compile", "tsan")
 FUZZ_LAUNCHES = 900  # malformed cases per mutant kernel (about 43 of each of the 21 kinds)
@@ -85,14 +101,14 @@ class Mutant:
     also: list[dict[str, Any]] = field(default_factory=list)
 
 
-def load(path: Path = CATALOGUE, root: Path = ROOT) -> list[Mutant]:
-    """The catalogue at ``path``, checked against the tree at ``root``: a mutant edits one file of the
+def load(paths: Path | Sequence[Path] = CATALOGUE, root: Path = ROOT) -> list[Mutant]:
+    """The catalogue in ``paths``, checked against the tree at ``root``: a mutant edits one file of the
     tree (``tree_files``), never a path outside it (absolute, ``..``, or a symbolic link out)."""
-    data = tomllib.loads(path.read_text())
+    entries = [e for p in ([paths] if isinstance(paths, Path) else paths) for e in tomllib.loads(p.read_text()).get("mutant", [])]
     files = set(tree_files(root))
     inside = root.resolve()
     out = []
-    for entry in data.get("mutant", []):
+    for entry in entries:
         try:
             m = Mutant(**entry)
         except TypeError as e:
@@ -415,7 +431,7 @@ def matrix(rows: list[dict[str, Any]]) -> str:
 # -- command line ----------------------------------------------------------------------------------
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("mutants", help="apply each catalogued fault to a scratch copy and check the harness kills it")
-    p.add_argument("--catalogue", default=str(CATALOGUE), type=input_file)
+    p.add_argument("--catalogue", type=input_file, help="a catalogue file (default: the core's and every family's)")
     p.add_argument("--id", action="append", help="only this mutant (repeatable)")
     p.add_argument("--backend", action="append", type=backend_name, help="only mutants of this backend (repeatable)")
     p.add_argument("--profile", default=chosen(), choices=PROFILES)
@@ -434,7 +450,7 @@ def add_parser(sub: Any) -> None:
 
 def _select(ns: argparse.Namespace) -> list[Mutant]:
     """The mutants the command line asks for; ValueError when the catalogue does not load or holds none of them."""
-    catalogue = load(Path(ns.catalogue), source_tree("mutants"))
+    catalogue = load(Path(ns.catalogue) if ns.catalogue else CATALOGUE, source_tree("mutants"))
     if importlib.util.find_spec("pytest") is None:
         raise ValueError("`mutants` runs each planted fault's tests with pytest, which is not installed: "
                          "pip install 'specdiff[test]'")
@@ -446,7 +462,7 @@ def _select(ns: argparse.Namespace) -> list[Mutant]:
         k, n = ns.shard
         chosen = chosen[k - 1::n]
     if not chosen:
-        raise ValueError(f"no mutant of {ns.catalogue} matches --id, --backend and --shard")
+        raise ValueError(f"no mutant of {ns.catalogue or 'the catalogue'} matches --id, --backend and --shard")
     return chosen
 
 
