@@ -9,6 +9,7 @@ tested on files made here.
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import os
 import shutil
@@ -216,6 +217,35 @@ def test_a_hostile_archive_is_refused_in_one_line(tmp_path, monkeypatch, hostile
         source.locate(str(archive))
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert not any((tmp_path / "cache" / "vllm").glob("vllm-9.9.9*")), "nothing of a refused archive stays in the cache"
+
+
+class _Answer(io.BytesIO):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize(("index", "download", "message"), [
+    (b"<html>not json</html>", None, "the package index answered with no usable file list (JSONDecodeError"),
+    (b'{"files": [{"filename": "vllm-9.9.9.tar.gz"}]}', None, "the package index answered with no usable file list (KeyError"),
+    (b'{"files": [{"filename": "vllm-9.9.9.tar.gz", "url": "https://x/v.tar.gz", "hashes": {"sha256": "0"}}]}',
+     OSError("connection reset"), "downloading vllm-9.9.9.tar.gz failed (connection reset)"),
+], ids=["not json", "no url", "cut off"])
+def test_a_bad_index_or_a_failed_download_is_one_line(tmp_path, monkeypatch, index, download, message):
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+
+    def urlopen(request, timeout):
+        if isinstance(request, str):  # the file itself
+            raise download
+        return _Answer(index)
+
+    monkeypatch.setattr(source.urllib.request, "urlopen", urlopen)
+    with pytest.raises(source.SourceError) as e:
+        source.locate("9.9.9")
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not list((tmp_path / "cache").rglob("*.part")), "a cut-off download leaves nothing behind"
 
 
 def test_the_cache_keeps_the_sources_used_last_within_its_bound(tmp_path, monkeypatch):

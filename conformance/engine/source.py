@@ -235,18 +235,24 @@ def _download(version: str, name: str, target: Path) -> Path:
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
             files = json.load(r)["files"]
+        entry = next((f for f in files if f["filename"] == name), None)
+        url, want = (entry["url"], entry["hashes"]["sha256"]) if entry is not None else (None, None)
     except OSError as e:
         raise SourceError(f"--vllm {version}: the package index could not be read ({e}); pass a path instead") from None
-    entry = next((f for f in files if f["filename"] == name), None)
-    if entry is None:
+    except (ValueError, KeyError, TypeError) as e:  # the index's answer is data from elsewhere: one line
+        raise SourceError(f"--vllm {version}: the package index answered with no usable file list ({type(e).__name__}: {e})") from None
+    if url is None:
         raise SourceError(f"--vllm {version}: the package index has no {name}")
-    want = entry["hashes"]["sha256"]
     part = target.with_suffix(".part")
     h = hashlib.sha256()
-    with urllib.request.urlopen(entry["url"], timeout=300) as r, part.open("wb") as out:
-        while chunk := r.read(1 << 20):
-            h.update(chunk)
-            out.write(chunk)
+    try:
+        with urllib.request.urlopen(url, timeout=300) as r, part.open("wb") as out:
+            while chunk := r.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise SourceError(f"--vllm {version}: downloading {name} failed ({e}); pass a path instead") from None
     if h.hexdigest() != want:
         part.unlink()
         raise SourceError(f"--vllm {version}: {name} does not match the index's SHA-256 (got {h.hexdigest()}, want {want})")
