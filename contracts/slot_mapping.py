@@ -107,6 +107,25 @@ def _explain(a: Mapping[str, Any], output: str, index: int) -> str:
     )
 
 
+def _bind_0_30(a: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM 0.30.0's launch of K10 for a contract case: the attention block size equal to the KV cache
+    block size and one block per KV block, as its call site passes them without a hybrid allocator.
+    Then its block index is the virtual block (the local offset is below one block) and its slot
+    block * block_size + local offset: the contract's (vllm/v1/worker/block_table.py in 0.30.0)."""
+    return {**a, "block_size": a["KV_CACHE_BLOCK_SIZE"], "BLOCKS_PER_KV_BLOCK": 1}
+
+
+def _predates_0_30(a: Mapping[str, Any]) -> str | None:
+    """0.30.0 splits a local offset past the KV cache block (an interleave wider than the block, under
+    context parallelism) into the next block-table entry; the contract's slot is block * KBS + offset."""
+    _, tokens = scheduled_tokens(a)
+    if not tokens.numel():
+        return None
+    _, lo, local = local_slots(a, a["positions_ptr"][tokens].to(torch.int64))
+    past = bool((local & (lo >= a["KV_CACHE_BLOCK_SIZE"])).any())
+    return "C22's slot of a local offset past its KV cache block (an interleave wider than the block)" if past else None
+
+
 COMPUTE_SLOT_MAPPING = KernelSpec(
     name=K10,
     family="slot_mapping",
@@ -116,7 +135,7 @@ COMPUTE_SLOT_MAPPING = KernelSpec(
                                 "block_table_stride", "block_size", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE",
                                 "BLOCKS_PER_KV_BLOCK", "TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK",
                                 "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE"),
-                     "block_size and BLOCKS_PER_KV_BLOCK beside KV_CACHE_BLOCK_SIZE"),),
+                     "block_size and BLOCKS_PER_KV_BLOCK beside KV_CACHE_BLOCK_SIZE", _bind_0_30, _predates_0_30),),
     qualname="vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel",
     params=(
         scalar("num_tokens", "positions.shape[0]; the tail starts here"),

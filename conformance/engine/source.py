@@ -85,7 +85,7 @@ def _from_path(path: Path) -> VllmSource:
     if path.is_dir():
         if (path / "vllm" / "__init__.py").is_file():
             csrc = path / "csrc" if (path / "csrc" / "cpu").is_dir() else None
-            return VllmSource(path, csrc, f"{path} ({'source tree' if csrc else 'unpacked wheel'})")
+            return VllmSource(path, csrc, f"{path} ({'source tree' if csrc else 'Python sources, no csrc/cpu'})")
         raise SourceError(f"--vllm {str(path)!r}: a directory must hold vllm/__init__.py (a source tree or an unpacked wheel)")
     if path.suffix == ".whl":
         return _from_path(_unpack(path, "wheel"))
