@@ -331,8 +331,27 @@ def _draft_logits(optional: bool) -> tuple[Any, ...]:
 _ROWS_BY_STEPS = "the rows were bounded by num_speculative_steps; 0.33.0 passes num_logits"
 _EARLIER_K13 = (Earlier("0.32.0", ('target_local_argmax_ptr', 'target_local_argmax_stride', 'target_local_max_ptr', 'target_local_max_stride', 'target_local_sumexp_ptr', 'target_local_sumexp_stride', 'draft_local_max_ptr', 'draft_local_max_stride', 'draft_local_sumexp_ptr', 'draft_local_sumexp_stride', 'target_logits_ptr', 'target_logits_stride', 'draft_logits_ptr', 'draft_logits_stride_0', 'draft_logits_stride_1', 'expanded_idx_mapping_ptr', 'expanded_local_pos_ptr', 'temp_ptr', 'vocab_size', 'num_speculative_steps', 'BLOCK_SIZE', 'HAS_DRAFT_LOGITS',), _ROWS_BY_STEPS),)
 _EARLIER_K15 = (Earlier("0.32.0", ('local_residual_mass_ptr', 'local_residual_mass_stride', 'cumulative_log_p_ptr', 'target_logits_ptr', 'target_logits_stride', 'target_local_max_ptr', 'target_local_max_stride', 'target_local_sumexp_ptr', 'target_local_sumexp_stride', 'draft_logits_ptr', 'draft_logits_stride_0', 'draft_logits_stride_1', 'draft_local_max_ptr', 'draft_local_max_stride', 'draft_local_sumexp_ptr', 'draft_local_sumexp_stride', 'draft_sampled_ptr', 'expanded_idx_mapping_ptr', 'expanded_local_pos_ptr', 'temp_ptr', 'vocab_size', 'num_speculative_steps', 'vocab_num_blocks', 'BLOCK_SIZE', 'PADDED_VOCAB_NUM_BLOCKS',), _ROWS_BY_STEPS),)
+_FLY = ("fly_entropy_ptr", "fly_entropy_threshold", "FLY_WINDOW_SIZE")
+
+
+def _bind_k16_0_32(a: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM 0.32.0's launch of K16: the contract's arguments without FLy's, which it does not take."""
+    return {k: v for k, v in a.items() if k not in _FLY}
+
+
+def _k16_predates_0_32(a: Mapping[str, Any]) -> str | None:
+    """0.33.0 added FLy's window, and block verification's uniform per draft step (spec_step_seed of
+    the request's seed and the step; 0.32.0 draws every step from the request's seed)."""
+    if a["FLY_WINDOW_SIZE"] > 0:
+        return "C33's FLy window (FLY_WINDOW_SIZE > 0)"
+    if a["USE_BLOCK_VERIFICATION"] and any(not q.greedy and q.drafts for q in requests(a)):
+        return "block verification's uniform per draft step (spec_step_seed)"
+    return None
+
+
 _EARLIER_K16 = (Earlier("0.32.0", ('sampled_ptr', 'sampled_stride', 'rejected_steps_ptr', 'target_rejected_logsumexp_ptr', 'draft_rejected_logsumexp_ptr', 'target_logits_ptr', 'target_logits_stride', 'target_local_argmax_ptr', 'target_local_argmax_stride', 'target_local_max_ptr', 'target_local_max_stride', 'target_local_sumexp_ptr', 'target_local_sumexp_stride', 'draft_sampled_ptr', 'draft_logits_ptr', 'draft_logits_stride_0', 'draft_logits_stride_1', 'draft_local_max_ptr', 'draft_local_max_stride', 'draft_local_sumexp_ptr', 'draft_local_sumexp_stride', 'cu_num_logits_ptr', 'idx_mapping_ptr', 'temp_ptr', 'seed_ptr', 'pos_ptr', 'synthetic_conditional_rates_ptr', 'cumulative_log_p_ptr', 'local_residual_mass_ptr', 'local_residual_mass_stride', 'vocab_num_blocks', 'PADDED_VOCAB_NUM_BLOCKS', 'HAS_DRAFT_LOGITS', 'SYNTHETIC_MODE', 'USE_BLOCK_VERIFICATION',),
-                        "no FLy entropy gate (fly_entropy_ptr, fly_entropy_threshold, FLY_WINDOW_SIZE came in 0.33.0)"),)
+                        "no FLy entropy gate (fly_entropy_ptr, fly_entropy_threshold, FLY_WINDOW_SIZE came in 0.33.0)",
+                        _bind_k16_0_32, _k16_predates_0_32),)
 
 
 LOGITS_STATS = KernelSpec(
