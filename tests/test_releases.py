@@ -4,6 +4,7 @@ names; a release without the dispatcher's CPU registration is one line for vllm-
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -60,12 +61,21 @@ def _finding(backend: str) -> tuple[str, str, str]:
     return f.kind, f.status, str(e.value)
 
 
-def test_a_declared_earlier_signature_is_drift_naming_the_release(release):
+def test_a_declared_earlier_signature_is_drift_naming_the_release(release, monkeypatch):
+    # Declared without a binding (the contract binds 0.32.0's K16: the next test), it is drift.
+    monkeypatch.setattr(K16, "earlier", (dataclasses.replace(K16.earlier[0], bind=None, predates=None),))
     release("0.32.0", K16.earlier[0].params)
     kind, status, message = _finding("vllm")
     assert (kind, status) == ("signature", "drift")
     assert "vLLM 0.32.0's _rejection_kernel lacks 'fly_entropy_ptr', 'fly_entropy_threshold', 'FLY_WINDOW_SIZE'" in message
     assert "through 0.32.0" in message
+
+
+def test_a_declared_binding_launches_the_release_as_its_call_site_does(release):
+    release("0.32.0", K16.earlier[0].params)
+    kernel = BACKENDS["vllm"].resolve(K16)
+    assert isinstance(kernel, engine.Bound) and kernel.arg_names == K16.arg_names
+    assert kernel.bind({p.name: 0 for p in K16.params}).keys() == set(K16.earlier[0].params)
 
 
 def test_an_undeclared_signature_is_a_signature_failure(release):
