@@ -13,7 +13,8 @@ the harness core's in ``conformance/tools/mutants.toml``. One ``[[mutant]]`` tab
 - ``replace``: what the text becomes; ``also``: further edits of the same file, in order;
 - ``kernels``: the kernels whose checks can see the fault; ``fault``: its class (the kill matrix
   groups by it); ``description``: how a maintainer would plausibly have written it;
-- ``checks`` (optional): the checks to run, by default every one of ``CHECKS``.
+- ``checks`` (optional): the checks to run, in that order (a fault only one check can see names
+  it first), by default every one of ``CHECKS``.
 
 A fault must change behaviour the contract pins down: an "equivalent mutant" (an approximate
 division the Triton interpreter computes exactly anyway) proves nothing. ``python -m conformance mutants`` copies the tree once into a
@@ -116,6 +117,8 @@ def load(paths: Path | Sequence[Path] = CATALOGUE, root: Path = ROOT) -> list[Mu
         unknown = set(m.checks) - set(CHECKS)
         if unknown:
             raise ValueError(f"mutant {m.id}: unknown checks {sorted(unknown)}")
+        if len(set(m.checks)) != len(m.checks):
+            raise ValueError(f"mutant {m.id}: checks {m.checks} names a check twice")
         if m.file not in files or not (root / m.file).resolve().is_relative_to(inside):
             raise ValueError(f"mutant {m.id}: file {m.file!r} is not a file of the tree {str(root)!r} (it must be a path "
                              "relative to the repository root that git tracks, inside the tree)")
@@ -397,9 +400,7 @@ def evaluate(m: Mutant, s: Scratch, profile: str, all_checks: bool, seeds: list[
                 if built.returncode != 0:
                     row["error"] = "does not build: " + (built.stdout + built.stderr).strip()[-600:]
                     return row
-            for name in CHECKS:
-                if name not in m.checks:
-                    continue
+            for name in m.checks:
                 r = check(name, m, s, profile, seeds)
                 if r.killed is None:
                     continue
