@@ -53,7 +53,7 @@ void update_num_computed_tokens_for_batch_change(Buffer num_computed, Buffer num
                      ", or negative for a new request)");
       }
       std::vector<Gathered> g(n);
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel if (parallel_if(n >= kParallelSmallRows))
       {
 #pragma omp for schedule(static)

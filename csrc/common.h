@@ -1,5 +1,6 @@
 // Shared plumbing of the OpenMP port: dtype codes, typed views of caller buffers, and
-// argument checks that raise Python exceptions naming the argument.
+// argument checks that raise Python exceptions naming the argument. No pybind11 here: a unit that
+// includes it compiles for about ten seconds more (bindings.h is the binding units').
 //
 // The Python launch wrappers (cpu_impl/) pass every tensor as (data pointer, dtype code,
 // element count) after checking its type, device, rank and contiguity against the
@@ -7,18 +8,37 @@
 // ids inside buffers) before anything is written, then computes with the GIL released.
 #pragma once
 
+#include <Python.h>
 #include <omp.h>
-#include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
 namespace specdiff {
 
-namespace py = pybind11;
+// What a launch raises: ValueError and TypeError in Python (module.cpp translates them).
+struct ValueError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+struct TypeError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// The GIL released for a kernel's computation, reacquired when the scope ends.
+class NoGil {
+ public:
+  NoGil() : state_(PyEval_SaveThread()) {}
+  ~NoGil() { PyEval_RestoreThread(state_); }
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 
 // Rows of a small per-request kernel (a few loads and stores each) below which OpenMP's fork and
 // join (microseconds; 10 us at 16 threads on the Xeon) costs more than the rows themselves.
@@ -98,7 +118,7 @@ struct Buffer {
 };
 
 [[noreturn]] inline void fail(const char* kernel, const char* name, const std::string& what) {
-  throw py::value_error(std::string(kernel) + ": '" + name + "' " + what);
+  throw ValueError(std::string(kernel) + ": '" + name + "' " + what);
 }
 
 inline void need_len(const char* kernel, const char* name, const Buffer& b, std::int64_t n) {
@@ -159,7 +179,7 @@ inline void with_int(const char* kernel, const char* name, int dtype, F&& f) {
   switch (dtype) {
     case kInt32: f(std::int32_t{}); return;
     case kInt64: f(std::int64_t{}); return;
-    default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be int32 or int64");
+    default: throw TypeError(std::string(kernel) + ": '" + name + "' must be int32 or int64");
   }
 }
 
@@ -168,7 +188,7 @@ inline void with_float(const char* kernel, const char* name, int dtype, F&& f) {
   switch (dtype) {
     case kFloat32: f(float{}); return;
     case kFloat64: f(double{}); return;
-    default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be float32 or float64");
+    default: throw TypeError(std::string(kernel) + ": '" + name + "' must be float32 or float64");
   }
 }
 
@@ -210,7 +230,7 @@ inline void with_logits(const char* kernel, const char* name, int dtype, F&& f) 
     case kFloat32: f(float{}); return;
     case kBFloat16: f(BFloat16{}); return;
     case kFloat16: f(Float16{}); return;
-    default: throw py::type_error(std::string(kernel) + ": '" + name + "' must be float32, bfloat16 or float16");
+    default: throw TypeError(std::string(kernel) + ": '" + name + "' must be float32, bfloat16 or float16");
   }
 }
 
@@ -238,29 +258,3 @@ inline std::int64_t check_cumulative(const char* kernel, const char* name, const
 }
 
 }  // namespace specdiff
-
-// A Buffer arrives from Python as a (data_ptr, dtype code, numel) tuple, or None for an
-// absent optional tensor: cheaper than a bound class on every launch.
-namespace pybind11::detail {
-template <>
-struct type_caster<specdiff::Buffer> {
-  PYBIND11_TYPE_CASTER(specdiff::Buffer, const_name("Buffer"));
-  bool load(handle src, bool) {
-    if (src.is_none()) {
-      value = {0, -1, 0};
-      return true;
-    }
-    if (!PyTuple_Check(src.ptr()) || PyTuple_GET_SIZE(src.ptr()) != 3) return false;
-    PyObject* t = src.ptr();
-    value.ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0)));
-    value.dtype = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 1)));
-    value.numel = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2)));
-    if (PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    return true;
-  }
-  static handle cast(const specdiff::Buffer&, return_value_policy, handle) { return none().release(); }
-};
-}  // namespace pybind11::detail

@@ -101,7 +101,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
           const Pos* positions = target_positions.as<Pos>();
           CP* context_positions = out_context_positions.as<CP>();
           CS* context_slots = out_context_slot_mapping.as<CS>();
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           // Static, not dynamic: see copy_and_expand_eagle_inputs (csrc/eagle.cpp).
 #pragma omp parallel for if (parallel_if(qsl[b] - qsl[0] >= kParallelCopyTokens)) schedule(static)
           for (std::int64_t r = 0; r < b; ++r) {
@@ -127,7 +127,7 @@ void copy_and_expand_dflash_inputs(Buffer next_token_ids, Buffer target_position
             QP* query_positions = out_query_positions.as<QP>();
             QS* query_slots = out_query_slot_mapping.as<QS>();
             TI* token_indices = out_token_indices.as<TI>();
-            py::gil_scoped_release nogil;
+            NoGil nogil;
 #pragma omp parallel for if (parallel_if(b * Q >= kParallelCopyTokens)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               for (std::int64_t k = 0; k < Q; ++k) {

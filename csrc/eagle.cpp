@@ -64,7 +64,7 @@ void eagle_step_slot_mapping_metadata(Buffer positions, Strided block_table, std
             O* slots = out_slot_mapping.as<O>();
             const Blocks blocks(block_size, n_blocks_per_req);
             const std::int64_t stride = block_table_stride, last = max_model_len - 1, pad = pad_id;
-            py::gil_scoped_release nogil;
+            NoGil nogil;
             // positions may be out_clamped_positions itself and no other overlap passes the launcher
             // (C21, C31), so row r reading its position before writing its own clamped position is
             // the whole of the aliasing rule: no copy of positions is needed.
@@ -110,7 +110,7 @@ void eagle_prepare_inputs_padded(Buffer cu_num_draft_tokens, Buffer valid_sample
       using J = decltype(j_);
       I* indices = token_indices_to_sample.as<I>();
       J* rejected_out = num_rejected_tokens.as<J>();
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel for if (parallel_if(n >= kParallelSmallRows)) schedule(static)
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t num_drafts = drafts.count(r);  // cu[-1] is never read (C1)
@@ -150,7 +150,7 @@ void eagle_prepare_next_token_padded(Strided sampled_token_ids, Buffer discard_r
         const bool* discard = discard_request_mask.as<bool>();
         T* next = next_token_ids.as<T>();
         C* count_out = valid_sampled_tokens_count.as<C>();
-        py::gil_scoped_release nogil;
+        NoGil nogil;
 #pragma omp parallel for if (parallel_if(n >= kParallelSmallRows)) schedule(static)
         for (std::int64_t r = 0; r < n; ++r) {
           if (discard[r]) {  // the backup and a count of 0; the sampled row is not read (C20)
@@ -239,7 +239,7 @@ void copy_and_expand_eagle_inputs(Buffer target_token_ids, Buffer target_positio
             bool* is_masked = out_is_masked_token_mask.as<bool>();
             N* new_indices = out_new_token_indices.as<N>();
             H* hidden = out_hidden_state_mapping.as<H>();
-            py::gil_scoped_release nogil;
+            NoGil nogil;
             // Static: a thread takes the same requests every launch, so their lines are still in its
             // own cache; schedule(dynamic) moved them between cores at every call (the dflash copy,
             // the same loop shape, took 39 us on 2 threads against 25 us on one at 1024 requests).

@@ -54,7 +54,7 @@ void apply_fly_greedy_acceptance(Buffer cu, Buffer draft, Buffer argmax, Buffer 
         const float* ent = entropy.as<float>();
         const bool* g = is_greedy.present() ? is_greedy.as<bool>() : nullptr;
         const Cumulative<C> c{cu.as<C>()};
-        py::gil_scoped_release nogil;
+        NoGil nogil;
 #pragma omp parallel for if (parallel_if(b >= kParallelGatherRows)) schedule(static)
         for (std::int64_t r = 0; r < b; ++r) {
           if (g != nullptr && !g[r]) continue;
@@ -103,7 +103,7 @@ struct Acceptance {
 void apply_fly_random_acceptance(Buffer cu, Buffer draft, Buffer draft_probs, Buffer target_probs, Buffer uniform,
                                  Buffer entropy, Buffer is_greedy, std::int64_t vocab_size, float threshold,
                                  bool no_draft_probs, std::int64_t window) {
-  if (!is_greedy.present()) throw py::type_error(std::string(kRandom) + ": 'is_greedy_ptr' must be a tensor, got None");
+  if (!is_greedy.present()) throw TypeError(std::string(kRandom) + ": 'is_greedy_ptr' must be a tensor, got None");
   with_int(kRandom, "cu_num_draft_tokens_ptr", cu.dtype, [&](auto c_) {
     using C = decltype(c_);
     const std::int64_t b = cu.numel;
@@ -119,7 +119,7 @@ void apply_fly_random_acceptance(Buffer cu, Buffer draft, Buffer draft_probs, Bu
       const float* ent = entropy.as<float>();
       const bool* g = is_greedy.as<bool>();
       const Cumulative<C> c{cu.as<C>()};
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel for if (parallel_if(b >= kParallelGatherRows)) schedule(static)
       for (std::int64_t r = 0; r < b; ++r) {
         if (g[r]) continue;

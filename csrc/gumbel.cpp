@@ -3,8 +3,8 @@
 #include "gumbel.h"
 #include "vmath.h"
 
+#include "bindings.h"
 #include "common.h"
-#include "launch.h"
 
 namespace specdiff {
 namespace {
@@ -207,7 +207,7 @@ py::tuple bound_slack(bool noise, std::int64_t lo, std::int64_t count) {
 
 }  // namespace
 
-SPECDIFF_FAMILY(gumbel, "MRV2's random streams and numerics, as probes (not kernels)") {
+SPECDIFF_PROBES(gumbel, "MRV2's random streams and numerics, as probes (not kernels)") {
   m.def("philox", &philox);
   m.def("murmur3", &murmur3);
   m.def("numerics", &numerics);

@@ -2,7 +2,7 @@
 // point, in one C++ pass over the bound arguments. The checks are the contract's, handed over
 // as data by cpu_impl/launcher.py (one tuple per parameter); a launch they refuse is worded in
 // Python by the contract itself, so the messages live in one place.
-#include "launch.h"
+#include "bindings.h"
 
 #include <vector>
 

@@ -16,6 +16,10 @@
 #include "common.h"
 #include "metadata.h"
 
+namespace pybind11 {
+class module_;
+}
+
 namespace specdiff {
 
 // One converted argument: a tensor (its Buffer, and the row geometry a Strided parameter needs)
@@ -52,10 +56,34 @@ struct ArgAs<bool> {
 struct Entry {
   void (*invoke)(const Arg*);
   std::size_t arity;
+  const char* const* types;  // each argument's type as Python sees it: Buffer, Strided, int, float, bool
 };
 
 // "<family>.<name>" -> entry point; filled while the module initialises, read-only afterwards.
 std::map<std::string, Entry>& entries();
+
+template <class T>
+struct TypeName;
+template <>
+struct TypeName<Buffer> {
+  static constexpr const char* value = "Buffer";
+};
+template <>
+struct TypeName<Strided> {
+  static constexpr const char* value = "Strided";
+};
+template <>
+struct TypeName<std::int64_t> {
+  static constexpr const char* value = "int";
+};
+template <>
+struct TypeName<float> {
+  static constexpr const char* value = "float";
+};
+template <>
+struct TypeName<bool> {
+  static constexpr const char* value = "bool";
+};
 
 template <auto F, class... A, std::size_t... I>
 void invoke_with(const Arg* a, void (*)(A...), std::index_sequence<I...>) {
@@ -64,34 +92,40 @@ void invoke_with(const Arg* a, void (*)(A...), std::index_sequence<I...>) {
 
 template <auto F, class... A>
 Entry entry_of(void (*)(A...)) {
-  return {[](const Arg* a) { invoke_with<F>(a, F, std::index_sequence_for<A...>{}); }, sizeof...(A)};
+  static constexpr const char* types[] = {TypeName<A>::value..., nullptr};
+  return {[](const Arg* a) { invoke_with<F>(a, F, std::index_sequence_for<A...>{}); }, sizeof...(A), types};
+}
+
+// A family's kernels, as its unit declares them (SPECDIFF_FAMILY below).
+struct Kernels {
+  std::vector<std::pair<const char*, Entry>> entries;
+};
+
+// Registers entry point F as cpu_impl._C.<family>.<name> (module.cpp makes the Python function) and
+// in the launcher's table.
+template <auto F>
+void def_kernel(Kernels& m, const char* name) {
+  m.entries.emplace_back(name, entry_of<F>(F));
 }
 
 // A submodule cpu_impl._C.<name>: each family's unit registers itself while the library loads
-// (SPECDIFF_FAMILY below), so a new family adds its .cpp file and nothing else.
+// (SPECDIFF_FAMILY below), so a new family adds its .cpp file and nothing else. A unit of probes
+// that bind their own Python functions registers `probes` instead (bindings.h: SPECDIFF_PROBES).
 struct Family {
   const char* name;
   const char* doc;
-  void (*define)(py::module_&);
+  void (*kernels)(Kernels&);
+  void (*probes)(pybind11::module_&);
 };
 std::vector<Family>& families();
 struct RegisterFamily {
-  RegisterFamily(const char* name, const char* doc, void (*define)(py::module_&)) { families().push_back({name, doc, define}); }
+  RegisterFamily(const Family& f) { families().push_back(f); }
 };
 
 // SPECDIFF_FAMILY(fly, "doc") { def_kernel<&f>(m, "f"); } defines cpu_impl._C.fly.
-#define SPECDIFF_FAMILY(NAME, DOC)                                                     \
-  static void define_##NAME(py::module_& m);                                           \
-  static const ::specdiff::RegisterFamily registered_##NAME(#NAME, DOC, define_##NAME); \
-  static void define_##NAME(py::module_& m)
-
-// Registers entry point F as cpu_impl._C.<family>.<name> and in the launcher's table.
-template <auto F>
-void def_kernel(py::module_& m, const char* name) {
-  m.def(name, F);
-  std::string family = py::str(m.attr("__name__"));
-  family = family.substr(family.rfind('.') + 1);
-  entries()[family + "." + name] = entry_of<F>(F);
-}
+#define SPECDIFF_FAMILY(NAME, DOC)                                                                 \
+  static void define_##NAME(::specdiff::Kernels& m);                                              \
+  static const ::specdiff::RegisterFamily registered_##NAME({#NAME, DOC, define_##NAME, nullptr}); \
+  static void define_##NAME(::specdiff::Kernels& m)
 
 }  // namespace specdiff

@@ -86,7 +86,7 @@ void gather_draft_sampled(Buffer draft_sampled, Buffer pos_out, Buffer input_ids
       using P = decltype(p_);
       D* out_ids = draft_sampled.as<D>();
       P* out_pos = pos_out.as<P>();
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel for if (parallel_if(num_logits >= kParallelSmallRows)) schedule(static)
       for (std::int64_t i = 0; i < num_logits; ++i) {
         const std::int64_t t = token[i], p = position[t];
@@ -126,7 +126,7 @@ void flatten_sampled(Buffer flat_sampled, Strided sampled, std::int64_t sampled_
         for (std::int64_t i = 0; i < count[r]; ++i)
           need_fits(kFlatten, "sampled_ptr", static_cast<std::int64_t>(src[r * sampled_stride + i]), "flat_sampled_ptr",
                     flat_sampled);
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel for if (parallel_if(reqs >= kParallelSmallRows)) schedule(static)
       for (std::int64_t r = 0; r < reqs; ++r)
         for (std::int64_t i = 0; i < count[r]; ++i) dst[cu[r] + i] = static_cast<F>(src[r * sampled_stride + i]);
@@ -187,7 +187,7 @@ std::vector<float> temperatures(const char* k, const Buffer& temp, const std::ve
   for (const std::int64_t s : slots)
     if (s < 0 || s >= temp.numel)
       fail(k, slots_name, "must hold state slots in [0, " + std::to_string(temp.numel) + ") (temp_ptr's length)");
-  if (temp.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'temp_ptr' must be float32");
+  if (temp.dtype != kFloat32) throw TypeError(std::string(k) + ": 'temp_ptr' must be float32");
   std::vector<float> t(slots.size());
   for (std::size_t j = 0; j < slots.size(); ++j) {
     t[j] = temp.as<float>()[slots[j]];
@@ -371,7 +371,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
     const std::string stride_name = std::string(o.name, std::strlen(o.name) - 4) + "_stride";
     need_at_least(k, stride_name.c_str(), o.stride, 0);
     need_cells(k, o.name, *o.b, rows, o.stride, nb, true);
-    if (o.b != &t_argmax && o.b->dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + o.name + "' must be float32");
+    if (o.b != &t_argmax && o.b->dtype != kFloat32) throw TypeError(std::string(k) + ": '" + o.name + "' must be float32");
   }
   need_at_least(k, "target_logits_stride", target_stride, 0);
   for (const std::int64_t i : rows) target_starts.push_back(flat_index(i, target_stride, 0));
@@ -402,7 +402,7 @@ void logits_stats(Buffer t_argmax, std::int64_t t_argmax_stride, Buffer t_max, s
     using T = decltype(t_);
     with_logits(k, "draft_logits_ptr", has_draft ? draft.dtype : kFloat32, [&](auto d_) {
       using D = decltype(d_);
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel if (parallel_if(cells * block >= (1 << 16))) reduction(| : bad)
       {
         std::vector<float> x(block);
@@ -485,8 +485,8 @@ void need_stats(const char* k, const std::string& side, const Buffer& mx, std::i
   need_cells(k, side_max, mx, rows, mx_stride, nb);
   need_at_least(k, (side + "_local_sumexp_stride").c_str(), se_stride, 0);
   need_cells(k, side_sumexp, se, rows, se_stride, nb);
-  if (mx.dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + side_max + "' must be float32");
-  if (se.dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + side_sumexp + "' must be float32");
+  if (mx.dtype != kFloat32) throw TypeError(std::string(k) + ": '" + side_max + "' must be float32");
+  if (se.dtype != kFloat32) throw TypeError(std::string(k) + ": '" + side_sumexp + "' must be float32");
   for (const std::int64_t i : rows) {
     bool live = false;
     for (std::int64_t b = 0; b < nb; ++b) {
@@ -516,7 +516,7 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
   const std::vector<float> t = temperatures(k, temp, slots, "idx_mapping_ptr");
   need_len(k, "draft_sampled_ptr", draft_sampled, cu.back());
   need_len(k, "cumulative_log_p_ptr", out, cu.back());
-  if (out.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+  if (out.dtype != kFloat32) throw TypeError(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
   const std::vector<std::int64_t> tokens = load_ints(k, "draft_sampled_ptr", draft_sampled, cu.back());
   // The steps with a draft: (request, row, token).
   std::vector<std::int64_t> rows, target_at, draft_at;
@@ -562,7 +562,7 @@ void cumulative_log_p(Buffer out, Buffer target, std::int64_t target_stride, Buf
       using T = decltype(t_);
       using D = decltype(d_);
       float* cumulative = out.as<float>();
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel for if (parallel_if(reqs >= kParallelGatherRows)) schedule(dynamic, 16)
       for (std::int64_t r = 0; r < reqs; ++r) {
         if (t[r] == 0.0f) continue;
@@ -686,9 +686,9 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
     fail(k, "expanded_local_pos_ptr", "must be 0 at row 0 when row 0 is read: a later step reads the row before it");
   need_at_least(k, "local_residual_mass_stride", out_stride, 0);
   need_cells(k, "local_residual_mass_ptr", out, rows, out_stride, nb, true);
-  if (out.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'local_residual_mass_ptr' must be float32");
+  if (out.dtype != kFloat32) throw TypeError(std::string(k) + ": 'local_residual_mass_ptr' must be float32");
   need_len(k, "cumulative_log_p_ptr", cumulative, rows.back());
-  if (cumulative.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+  if (cumulative.dtype != kFloat32) throw TypeError(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
   for (const std::int64_t i : rows)
     if (!(cumulative.as<float>()[i - 1] <= 0.0f))
       fail(k, "cumulative_log_p_ptr",
@@ -722,7 +722,7 @@ void local_residual_mass(Buffer out, std::int64_t out_stride, Buffer cumulative,
     with_logits(k, "draft_logits_ptr", draft.dtype, [&](auto d_) {
       using D = decltype(d_);
       const float* prefix = cumulative.as<float>();
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel if (parallel_if(cells * block >= (1 << 16))) reduction(| : bad, above)
       {
         std::vector<float> x(block), y(block);
@@ -808,12 +808,12 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
   need_len(k, "draft_rejected_logsumexp_ptr", draft_lse_out, reqs);
   if (reqs == 0) return;
   const std::vector<float> t = temperatures(k, temp, slots, "idx_mapping_ptr");
-  if (seed_buf.dtype != kInt64) throw py::type_error(std::string(k) + ": 'seed_ptr' must be int64");
+  if (seed_buf.dtype != kInt64) throw TypeError(std::string(k) + ": 'seed_ptr' must be int64");
   for (const char* name : {"target_rejected_logsumexp_ptr", "draft_rejected_logsumexp_ptr"})
     if ((name[0] == 't' ? target_lse_out : draft_lse_out).dtype != kFloat32)
-      throw py::type_error(std::string(k) + ": '" + name + "' must be float32");
+      throw TypeError(std::string(k) + ": '" + name + "' must be float32");
   if ((rates.present() && rates.dtype != kFloat32) || (fly_entropy.present() && fly_entropy.dtype != kFloat32))
-    throw py::type_error(std::string(k) + ": 'synthetic_conditional_rates_ptr' and 'fly_entropy_ptr' must be float32");
+    throw TypeError(std::string(k) + ": 'synthetic_conditional_rates_ptr' and 'fly_entropy_ptr' must be float32");
   for (const std::int64_t s : slots)
     if (s >= seed_buf.numel)
       fail(k, "idx_mapping_ptr", "must hold state slots in [0, " + std::to_string(seed_buf.numel) + ") (seed_ptr's length)");
@@ -857,7 +857,7 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
     need_cells(k, "target_local_max_ptr", t_max, greedy_rows, t_max_stride, nb);
     need_at_least(k, "target_local_argmax_stride", t_argmax_stride, 0);
     need_cells(k, "target_local_argmax_ptr", t_argmax, greedy_rows, t_argmax_stride, nb);
-    if (t_max.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'target_local_max_ptr' must be float32");
+    if (t_max.dtype != kFloat32) throw TypeError(std::string(k) + ": 'target_local_max_ptr' must be float32");
     for (const std::int64_t i : greedy_rows)
       for (std::int64_t b = 0; b < nb; ++b)
         need_fits(k, "target_local_argmax_ptr", static_cast<std::int64_t>(t_argmax.as<A>()[i * t_argmax_stride + b]),
@@ -896,7 +896,7 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
   }
   if (block && !random_rows.empty()) {
     need_len(k, "cumulative_log_p_ptr", cumulative, nl);
-    if (cumulative.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+    if (cumulative.dtype != kFloat32) throw TypeError(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
     for (const std::int64_t i : random_rows)
       if (!(cumulative.as<float>()[i] <= 0.0f))
         fail(k, "cumulative_log_p_ptr",
@@ -905,7 +905,7 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
       need_at_least(k, "local_residual_mass_stride", residual_stride, 0);
       need_cells(k, "local_residual_mass_ptr", residual, ahead, residual_stride, nb);
       if (!ahead.empty() && residual.dtype != kFloat32)
-        throw py::type_error(std::string(k) + ": 'local_residual_mass_ptr' must be float32");
+        throw TypeError(std::string(k) + ": 'local_residual_mass_ptr' must be float32");
       for (const std::int64_t i : ahead)
         for (std::int64_t b = 0; b < nb; ++b) {
           const float m = residual.as<float>()[i * residual_stride + b];
@@ -930,7 +930,7 @@ void rejection(Buffer sampled, std::int64_t sampled_stride, Buffer rejected_step
     const float* entropy = fly_entropy.present() ? fly_entropy.as<float>() : nullptr;
     const float* rate = rates.present() ? rates.as<float>() : nullptr;
     const float* ratio_log = cumulative.present() ? cumulative.as<float>() : nullptr;
-    py::gil_scoped_release nogil;
+    NoGil nogil;
 #pragma omp parallel for if (parallel_if(reqs >= kParallelGatherRows)) schedule(dynamic, 16)
     for (std::int64_t r = 0; r < reqs; ++r) {
       const std::int64_t start = cu[r], n = cu[r + 1] - cu[r] - 1, seed = seed_buf.as<std::int64_t>()[slots[r]];
@@ -1176,7 +1176,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
     slots[r] = slot_of[rows[r]];
   }
   const std::vector<float> t = temperatures(k, temp, slots);
-  if (seed_buf.dtype != kInt64) throw py::type_error(std::string(k) + ": 'seed_ptr' must be int64");
+  if (seed_buf.dtype != kInt64) throw TypeError(std::string(k) + ": 'seed_ptr' must be int64");
   for (const std::int64_t s : slots)
     if (s >= seed_buf.numel)
       fail(k, "expanded_idx_mapping_ptr",
@@ -1207,7 +1207,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
     for (const auto& [name, b] : {std::pair<const char*, const Buffer*>{"target_rejected_logsumexp_ptr", &target_lse},
                                   {"draft_rejected_logsumexp_ptr", &draft_lse}}) {
       need_len(k, name, *b, reqs);
-      if (b->dtype != kFloat32) throw py::type_error(std::string(k) + ": '" + name + "' must be float32");
+      if (b->dtype != kFloat32) throw TypeError(std::string(k) + ": '" + name + "' must be float32");
       for (const std::int64_t r : residual)
         if (!std::isfinite(b->as<float>()[r]))
           fail(k, name, "must hold finite log-sum-exps (K16's) for the requests resampled");
@@ -1226,7 +1226,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
         if (steps[r] > 0) last = std::max(last, rows[r] - 1);
       if (last >= 0) {
         need_len(k, "cumulative_log_p_ptr", cumulative, last + 1);
-        if (cumulative.dtype != kFloat32) throw py::type_error(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
+        if (cumulative.dtype != kFloat32) throw TypeError(std::string(k) + ": 'cumulative_log_p_ptr' must be float32");
         for (const std::int64_t r : residual)
           if (steps[r] > 0 && !(cumulative.as<float>()[rows[r] - 1] <= 0.0f))
             fail(k, "cumulative_log_p_ptr",
@@ -1250,7 +1250,7 @@ void resample(Buffer out_argmax, std::int64_t out_argmax_stride, Buffer out_max,
     for (std::size_t j = 0; j < residual.size(); ++j) residual_index[residual[j]] = j;
     int bad = 0;
     {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel if (parallel_if(cells * block >= (1 << 16))) reduction(| : bad)
       {
         std::vector<float> x(block), y(block);
@@ -1364,7 +1364,7 @@ void insert_resampled(Buffer sampled, std::int64_t sampled_stride, Buffer num_sa
         using N = decltype(n_);
         using M = decltype(m_);
         const auto writing = static_cast<std::int64_t>(writers.size());
-        py::gil_scoped_release nogil;
+        NoGil nogil;
 #pragma omp parallel for if (parallel_if(writing >= kParallelSmallRows)) schedule(static)
         for (std::int64_t w = 0; w < writing; ++w) {
           const std::int64_t r = writers[w];

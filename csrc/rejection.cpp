@@ -88,7 +88,7 @@ void rejection_greedy_sample(Buffer out, Buffer cu, Buffer draft, Buffer argmax,
             const float* rate = rates.present() ? rates.as<float>() : nullptr;
             const Cumulative<C> c{cu.as<C>()};
             const std::int64_t row_stride = max_spec_len + 1;  // from the argument (C2)
-            py::gil_scoped_release nogil;
+            NoGil nogil;
 #pragma omp parallel for if (parallel_if(b >= kParallelSmallRows)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               if (!processes(g, r, true)) continue;
@@ -124,7 +124,7 @@ void rejection_greedy_sample(Buffer out, Buffer cu, Buffer draft, Buffer argmax,
 void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_probs, Buffer target_probs,
                              Buffer bonus, Buffer recovered, Buffer uniform, Buffer is_greedy, std::int64_t max_spec_len,
                              std::int64_t vocab_size, Buffer rates, bool no_draft_probs, bool synthetic) {
-  if (!is_greedy.present()) throw py::type_error(std::string(kRandom) + ": 'is_greedy_ptr' must be a tensor, got None");
+  if (!is_greedy.present()) throw TypeError(std::string(kRandom) + ": 'is_greedy_ptr' must be a tensor, got None");
   need_at_least(kRandom, "vocab_size", vocab_size, 1);
   with_int(kRandom, "cu_num_draft_tokens_ptr", cu.dtype, [&](auto c_) {
     using C = decltype(c_);
@@ -167,7 +167,7 @@ void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
             const float* q = no_draft_probs ? nullptr : draft_probs.as<float>();
             const float* rate = synthetic ? rates.as<float>() : nullptr;
             const std::int64_t row_stride = max_spec_len + 1;
-            py::gil_scoped_release nogil;
+            NoGil nogil;
 #pragma omp parallel for if (parallel_if(b >= kParallelGatherRows)) schedule(static)
             for (std::int64_t r = 0; r < b; ++r) {
               if (g[r]) continue;
@@ -209,7 +209,7 @@ void rejection_random_sample(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
 
 void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std::int64_t replace_to,
             std::int64_t max_num_tokens) {
-  if (out.dtype != input.dtype) throw py::type_error(std::string(kExpand) + ": 'output_ptr' must have the input's dtype");
+  if (out.dtype != input.dtype) throw TypeError(std::string(kExpand) + ": 'output_ptr' must have the input's dtype");
   if (cu.numel != input.numel)
     fail(kExpand, "cu_num_tokens_ptr", "must have one entry per input value (" + std::to_string(input.numel) + ")");
   need_power_of_two(kExpand, "MAX_NUM_TOKENS", max_num_tokens);
@@ -228,7 +228,7 @@ void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std:
       // The test and the replacement happen in the data's dtype (C18).
       const V from = static_cast<V>(replace_from), to = static_cast<V>(replace_to);
       const Cumulative<C> c{cu.as<C>()};
-      py::gil_scoped_release nogil;
+      NoGil nogil;
 #pragma omp parallel for if (parallel_if(b >= kParallelSmallRows)) schedule(static)
       for (std::int64_t r = 0; r < b; ++r) {
         const V v = x[r] == from ? to : x[r];
@@ -240,7 +240,7 @@ void expand(Buffer out, Buffer input, Buffer cu, std::int64_t replace_from, std:
       case kFloat32: run(float{}); break;
       case kInt32: run(std::int32_t{}); break;
       case kInt64: run(std::int64_t{}); break;
-      default: throw py::type_error(std::string(kExpand) + ": 'input_ptr' must be float32, int32 or int64");
+      default: throw TypeError(std::string(kExpand) + ": 'input_ptr' must be float32, int32 or int64");
     }
   });
 }
@@ -524,7 +524,7 @@ void sample_recovered_tokens(Buffer out, Buffer cu, Buffer draft, Buffer draft_p
           const std::int64_t width = chunk_width(b, vocab_size, parallel ? omp_get_max_threads() : 1);
           const std::int64_t chunks = (vocab_size + width - 1) / width;
           std::vector<Best> best(t * chunks);
-          py::gil_scoped_release nogil;
+          NoGil nogil;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_if(parallel))
           for (std::int64_t w = 0; w < b * chunks; ++w) {
             const std::int64_t r = w / chunks, k = w % chunks;

@@ -7,8 +7,8 @@
 // slices of it side by side, 64-byte vectors, with K4's prefetch policy.
 #include <omp.h>
 
+#include "bindings.h"
 #include "common.h"
-#include "launch.h"
 
 namespace specdiff {
 namespace {
@@ -61,7 +61,7 @@ double read_streams(Buffer x, std::int64_t streams) {
 
 }  // namespace
 
-SPECDIFF_FAMILY(roofline, "the benchmarks' read roofline (not a kernel)") {
+SPECDIFF_PROBES(roofline, "the benchmarks' read roofline (not a kernel)") {
   m.def("read_streams", &read_streams, py::arg("x"), py::arg("streams"),
         "Sum a float32 buffer as K4 reads: per thread, `streams` slices side by side (the read roofline).");
 }

@@ -181,7 +181,7 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
         auto by_division = [=](std::int64_t p) { return Split{p / kbs, p % kbs, true}; };
         auto by_rank = [=](std::int64_t p) { return split(p, kbs, world, rank, interleave); };
         if (world == 1) {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           if (pow2 ? direct_slots(qsl, position, tab, slots, by_shift, kbs) : direct_slots(qsl, position, tab, slots, by_division, kbs)) {
             // The tail is padded on every launch, so a smaller batch overwrites stale slots (C22).
             if (max_num_tokens > num_tokens) std::fill(slots + num_tokens, slots + max_num_tokens, static_cast<O>(pad_id));
@@ -193,7 +193,7 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
         std::unique_ptr<std::int64_t[]> scratch(new std::int64_t[static_cast<std::size_t>(n)]);
         std::int64_t bad = last;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           auto run = [&](std::int64_t lo, std::int64_t hi) -> std::int64_t {
             std::int64_t* out = scratch.get() - first;
             if (world != 1) return slots_of(qsl, position, tab, block_table, lo, hi, out, by_rank, pad_id, kbs);
@@ -214,7 +214,7 @@ void compute_slot_mapping(std::int64_t num_tokens, std::int64_t max_num_tokens, 
           need_element(kSlots, "block_table_ptr", block_table, flat_index(request_of(qsl, bad), block_table_stride, s.virtual_block),
                        "a local token's block");
         }
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         if (max_num_tokens > num_tokens) std::fill(slots + num_tokens, slots + max_num_tokens, static_cast<O>(pad_id));
         for (std::int64_t t = first; t < last; ++t) slots[t] = static_cast<O>(scratch[static_cast<std::size_t>(t - first)]);
       });

@@ -174,7 +174,7 @@ void topk_topp(Strided logits, std::int64_t stride, Buffer buffer, Buffer pct_ta
   // C30, checked in parallel (a pass over every row); the first offending cell is named.
   std::vector<std::int64_t> bad(batch, -1);
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
 #pragma omp parallel for if (parallel_if(batch > 1)) schedule(static)
     for (std::int64_t r = 0; r < batch; ++r)
       for (std::int64_t c = 0; c < vocab && bad[r] < 0; ++c) {
@@ -201,7 +201,7 @@ void topk_topp(Strided logits, std::int64_t stride, Buffer buffer, Buffer pct_ta
     for (std::int64_t r = 0; r < batch; ++r)
       if (!(pv[r] > 0.0f)) fail(kKernel, "P", "must hold p > 0 (and no NaN) in its first BATCH_SIZE entries");
   }
-  py::gil_scoped_release nogil;
+  NoGil nogil;
 #pragma omp parallel if (parallel_if(batch > 1))
   {
     Scratch s;
@@ -482,7 +482,7 @@ Launch check(const char* kernel, Strided logits, std::int64_t stride, Buffer sta
 template <class F>
 void programs(const Launch& L, std::int64_t rows, F program) {
   const std::int64_t n = rows * L.slices;
-  py::gil_scoped_release nogil;
+  NoGil nogil;
 #pragma omp parallel if (parallel_if(n > 1))
   {
     std::vector<Bin> rec;
