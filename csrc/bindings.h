@@ -42,4 +42,24 @@ struct type_caster<specdiff::Buffer> {
   }
   static handle cast(const specdiff::Buffer&, return_value_policy, handle) { return none().release(); }
 };
+template <>
+struct type_caster<specdiff::Strided> {
+  PYBIND11_TYPE_CASTER(specdiff::Strided, const_name("Strided"));
+  bool load(handle src, bool) {
+    if (!PyTuple_Check(src.ptr()) || PyTuple_GET_SIZE(src.ptr()) != 6) return false;
+    PyObject* t = src.ptr();
+    value.data.ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0)));
+    value.data.dtype = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 1)));
+    value.data.numel = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2)));
+    value.rows = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3)));
+    value.cols = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 4)));
+    value.row_stride = static_cast<std::int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(t, 5)));
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+  static handle cast(const specdiff::Strided&, return_value_policy, handle) { return none().release(); }
+};
 }  // namespace pybind11::detail

@@ -34,22 +34,27 @@ template <class T>
 struct ArgAs;
 template <>
 struct ArgAs<Buffer> {
+  static constexpr const char* name = "Buffer";  // as Python sees it
   static Buffer get(const Arg& a) { return a.tensor.data; }
 };
 template <>
 struct ArgAs<Strided> {
+  static constexpr const char* name = "Strided";  // as Python sees it
   static Strided get(const Arg& a) { return a.tensor; }
 };
 template <>
 struct ArgAs<std::int64_t> {
+  static constexpr const char* name = "int";  // as Python sees it
   static std::int64_t get(const Arg& a) { return a.value; }
 };
 template <>
 struct ArgAs<float> {
+  static constexpr const char* name = "float";  // as Python sees it
   static float get(const Arg& a) { return static_cast<float>(a.real); }  // rounded to nearest, as Triton packs it
 };
 template <>
 struct ArgAs<bool> {
+  static constexpr const char* name = "bool";  // as Python sees it
   static bool get(const Arg& a) { return a.value != 0; }  // as pybind11 converts an int: bool()
 };
 
@@ -62,29 +67,6 @@ struct Entry {
 // "<family>.<name>" -> entry point; filled while the module initialises, read-only afterwards.
 std::map<std::string, Entry>& entries();
 
-template <class T>
-struct TypeName;
-template <>
-struct TypeName<Buffer> {
-  static constexpr const char* value = "Buffer";
-};
-template <>
-struct TypeName<Strided> {
-  static constexpr const char* value = "Strided";
-};
-template <>
-struct TypeName<std::int64_t> {
-  static constexpr const char* value = "int";
-};
-template <>
-struct TypeName<float> {
-  static constexpr const char* value = "float";
-};
-template <>
-struct TypeName<bool> {
-  static constexpr const char* value = "bool";
-};
-
 template <auto F, class... A, std::size_t... I>
 void invoke_with(const Arg* a, void (*)(A...), std::index_sequence<I...>) {
   F(ArgAs<A>::get(a[I])...);
@@ -92,7 +74,7 @@ void invoke_with(const Arg* a, void (*)(A...), std::index_sequence<I...>) {
 
 template <auto F, class... A>
 Entry entry_of(void (*)(A...)) {
-  static constexpr const char* types[] = {TypeName<A>::value..., nullptr};
+  static constexpr const char* types[] = {ArgAs<A>::name..., nullptr};
   return {[](const Arg* a) { invoke_with<F>(a, F, std::index_sequence_for<A...>{}); }, sizeof...(A), types};
 }
 

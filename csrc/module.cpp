@@ -11,58 +11,29 @@ void register_launcher(py::module_& m);
 
 namespace {
 
-[[noreturn]] void wrong_argument(const std::string& qual, std::size_t i, const char* type, PyObject* v) {
-  throw TypeError(qual + ": argument " + std::to_string(i) + " must be " + type + ", got " + Py_TYPE(v)->tp_name);
+// One argument as the kernel units' type named ``type`` takes it (launch.h: ArgAs<T>::name), through
+// pybind11's casters (bindings.h for Buffer and Strided), converting as m.def's dispatch did.
+template <class T>
+T load(const std::string& qual, std::size_t i, const char* type, PyObject* v) {
+  py::detail::make_caster<T> caster;
+  if (!caster.load(v, true))
+    throw TypeError(qual + ": argument " + std::to_string(i) + " must be " + type + ", got " + Py_TYPE(v)->tp_name);
+  return py::detail::cast_op<T>(caster);
 }
 
-std::int64_t int_of(const std::string& qual, std::size_t i, PyObject* v) {
-  const long long x = PyLong_Check(v) ? PyLong_AsLongLong(v) : -1;
-  if (!PyLong_Check(v) || (x == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    wrong_argument(qual, i, "an int64", v);
-  }
-  return x;
-}
-
-// Arguments as the kernel units' types take them: Buffer (data_ptr, dtype code, numel) or None,
-// Strided (data_ptr, dtype code, numel, rows, cols, row_stride), int, float, bool.
 Arg convert(const std::string& qual, std::size_t i, const char* type, PyObject* v) {
   Arg a{};
   const std::string t = type;
-  if (t == "Buffer" || t == "Strided") {
-    const Py_ssize_t n = t == "Buffer" ? 3 : 6;
-    if (t == "Buffer" && v == Py_None) {
-      a.tensor.data = {0, -1, 0};
-      return a;
-    }
-    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != n) wrong_argument(qual, i, type, v);
-    const unsigned long long ptr = PyLong_Check(PyTuple_GET_ITEM(v, 0)) ? PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 0)) : 0;
-    if (PyErr_Occurred() || !PyLong_Check(PyTuple_GET_ITEM(v, 0))) {
-      PyErr_Clear();
-      wrong_argument(qual, i, "a data pointer first", v);
-    }
-    std::int64_t f[6] = {};
-    for (Py_ssize_t k = 1; k < n; ++k) f[k] = int_of(qual, i, PyTuple_GET_ITEM(v, k));
-    a.tensor.data = {static_cast<std::uintptr_t>(ptr), static_cast<int>(f[1]), f[2]};
-    a.tensor.rows = f[3];
-    a.tensor.cols = f[4];
-    a.tensor.row_stride = f[5];
-  } else if (t == "int") {
-    a.value = int_of(qual, i, v);
-  } else if (t == "float") {
-    a.real = PyFloat_AsDouble(v);
-    if (a.real == -1.0 && PyErr_Occurred()) {
-      PyErr_Clear();
-      wrong_argument(qual, i, "a float", v);
-    }
-  } else {
-    const int truth = PyObject_IsTrue(v);
-    if (truth < 0) {
-      PyErr_Clear();
-      wrong_argument(qual, i, "a bool", v);
-    }
-    a.value = truth;
-  }
+  if (t == "Buffer")
+    a.tensor.data = load<Buffer>(qual, i, type, v);
+  else if (t == "Strided")
+    a.tensor = load<Strided>(qual, i, type, v);
+  else if (t == "int")
+    a.value = load<std::int64_t>(qual, i, type, v);
+  else if (t == "float")
+    a.real = load<double>(qual, i, type, v);
+  else
+    a.value = load<bool>(qual, i, type, v);
   return a;
 }
 
