@@ -52,7 +52,7 @@ def _from_family(package: str) -> Callable[[KernelSpec], Any]:
             if e.name == f"{package}.{spec.family}":
                 return None
             raise
-        return getattr(module, spec.name, None)
+        return getattr(module, spec.function, None)
 
     return resolve
 

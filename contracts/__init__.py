@@ -29,7 +29,13 @@ SPECS: dict[str, KernelSpec] = {s.name: s for family in FAMILIES.values() for s 
 
 
 def get(name: str) -> KernelSpec:
-    try:
+    """A kernel by its name; a vLLM function name shared by two kernels must be qualified by its
+    family (``input_batch._prepare_prefill_inputs_kernel``), a unique one may be given bare."""
+    if name in SPECS:
         return SPECS[name]
-    except KeyError:
-        raise KeyError(f"unknown kernel {name!r}; known: {', '.join(SPECS)}") from None
+    bare = [s for s in SPECS.values() if s.function == name]
+    if len(bare) == 1:
+        return bare[0]
+    if bare:
+        raise KeyError(f"kernel {name!r} is ambiguous: give one of {', '.join(s.name for s in bare)}")
+    raise KeyError(f"unknown kernel {name!r}; known: {', '.join(SPECS)}")

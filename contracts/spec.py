@@ -200,6 +200,12 @@ class KernelSpec:
 
     # -- introspection -------------------------------------------------------------------
     @property
+    def function(self) -> str:
+        """The kernel's function name in every backend's module: ``name`` without the module that
+        tells apart two vLLM kernels of one name (``input_batch._prepare_prefill_inputs_kernel``)."""
+        return self.name.rpartition(".")[2]
+
+    @property
     def arg_names(self) -> tuple[str, ...]:
         return self._names
 

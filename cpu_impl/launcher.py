@@ -33,7 +33,7 @@ def buf(t: torch.Tensor | None) -> tuple[int, int, int] | None:
 
 def cpp_entry_name(spec: KernelSpec) -> tuple[str, str]:
     """(submodule of cpu_impl._C, entry point) of a kernel: one name, every layer."""
-    return spec.family, spec.name.removesuffix("_kernel")
+    return spec.family, spec.function.removesuffix("_kernel")
 
 
 def vocab_columns(spec: KernelSpec, *names: str) -> Callable[[Args], None]:

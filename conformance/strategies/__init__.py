@@ -50,7 +50,7 @@ def cases(kernel: str, call_site: bool = False) -> st.SearchStrategy[Case]:
     """
     spec = contracts.get(kernel)
     family_module(spec.family)
-    base = _CASES[kernel]()
+    base = _CASES[spec.name]()
     if call_site:
         return base.map(lambda c: _at_call_site(spec, c)).filter(lambda c: c is not None and (spec.call_site is None or spec.call_site(c.args)))
     return st.tuples(base, st.booleans()).map(lambda cp: dataclasses.replace(cp[0], positional=cp[1]))
