@@ -50,6 +50,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
         return t.view(torch.int32)
     if t.dtype == torch.float64:
         return t.view(torch.int64)
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.view(torch.int16)
     return t
 
 

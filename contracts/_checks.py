@@ -26,9 +26,12 @@ def span(t: torch.Tensor) -> int:
 def geometry(t: torch.Tensor) -> tuple[int, int, int]:
     """(rows, columns, row stride) of the flat indices that are elements of ``t``: rows runs of
     ``columns`` elements, ``row stride`` apart. A contiguous tensor is one run of ``numel``; a
-    column slice of a wider buffer has gaps between its rows that are not its elements."""
+    column slice of a wider buffer has gaps between its rows that are not its elements; a strided
+    1-D tensor is rows of one element."""
     if t.is_contiguous():
         return (1, t.numel(), t.numel())
+    if t.dim() == 1:  # a column of a wider buffer (vLLM's draft_tokens[:, 0]): rows of one element
+        return (t.shape[0], 1, t.stride(0))
     return (t.shape[0], t.shape[1], t.stride(0))  # 2-D with unit inner stride (Param.contiguous=False)
 
 

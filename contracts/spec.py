@@ -309,7 +309,7 @@ class KernelSpec:
                     raise ValueError(f"{self.name}: '{p.name}' must have {_dims(p.ndim)}, got shape {tuple(v.shape)}")
                 if p.contiguous and not v.is_contiguous():
                     raise ValueError(f"{self.name}: '{p.name}' must be contiguous")
-                if not p.contiguous and v.dim() and v.stride(-1) != 1:
+                if not p.contiguous and v.dim() > 1 and v.stride(-1) != 1:
                     raise ValueError(f"{self.name}: '{p.name}' must have unit inner stride")
             elif p.kind is Kind.CONSTEXPR and p.name.isupper() and not p.dtypes:
                 if not isinstance(v, (bool, int)):

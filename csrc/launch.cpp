@@ -312,8 +312,9 @@ class Launcher {
     for (Py_ssize_t d = 0; d < dim; ++d) numel *= as_int64(PyTuple_GET_ITEM(shape.ptr(), d));
     const bool contiguous = own(is_contiguous_.of(v)).ptr() == Py_True;
     if (p.contiguous && !contiguous) return false;
-    // A table with an explicit row stride (a Strided) need only have unit inner stride.
-    if (!p.contiguous && !contiguous && dim > 0 && call_int(v, s_stride_, -1) != 1) return false;
+    // A table with an explicit row stride (a Strided) need only have unit inner stride; a strided
+    // 1-D tensor is rows of one element.
+    if (!p.contiguous && !contiguous && dim > 1 && call_int(v, s_stride_, -1) != 1) return false;
     out.tensor.data = Buffer{static_cast<std::uintptr_t>(as_int64(own(data_ptr_.of(v)).ptr())), code, numel};
     if (numel != 0 && out.tensor.data.ptr == 0) return false;
     // A 2-D Strided parameter keeps its rows even when contiguous (a kernel may take its row count
@@ -322,6 +323,10 @@ class Launcher {
       out.tensor.rows = 1;
       out.tensor.cols = numel;
       out.tensor.row_stride = numel;
+    } else if (dim == 1) {  // a strided column: rows of one element (_checks.py: geometry)
+      out.tensor.rows = numel;
+      out.tensor.cols = 1;
+      out.tensor.row_stride = call_int(v, s_stride_, 0);
     } else {  // 2-D with unit inner stride (Param.contiguous=False)
       out.tensor.rows = as_int64(PyTuple_GET_ITEM(shape.ptr(), 0));
       out.tensor.cols = as_int64(PyTuple_GET_ITEM(shape.ptr(), 1));

@@ -170,9 +170,13 @@ def test_each_logits_row_gets_its_request_state_and_place(backend):
 def test_the_shared_name_is_told_apart_by_its_module():
     import contracts
 
-    assert contracts.get("_prepare_prefill_inputs_kernel") is contract.PREPARE_PREFILL_INPUTS  # unique today
+    # Model Runner V2's batch state and its EAGLE/MTP drafter each have a _prepare_prefill_inputs_kernel.
+    with pytest.raises(KeyError, match="ambiguous: give one of input_batch._prepare_prefill_inputs_kernel, "
+                                      "target_dependent_ar._prepare_prefill_inputs_kernel"):
+        contracts.get("_prepare_prefill_inputs_kernel")
     assert contracts.get(contract.K22).function == "_prepare_prefill_inputs_kernel"
     assert contract.PREPARE_PREFILL_INPUTS.qualname == "vllm.v1.worker.gpu.input_batch._prepare_prefill_inputs_kernel"
+    assert contracts.get("_post_update_kernel") is contract.POST_UPDATE  # a unique name may be given bare
 
 
 # -- invalid input: the validating backends refuse it, naming the argument, writing nothing --------
