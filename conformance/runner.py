@@ -391,7 +391,10 @@ def case_digest(case: Case, variant: int) -> bytes | None:
             return None
         alias = tensors.setdefault(id(v), len(tensors))
         h.update(f"|{name}@{alias}:{v.dtype}:{tuple(v.shape)}:{v.stride()}:{v.storage_offset()}|".encode())
-        h.update(memory(v).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        # Copied into a fresh flat tensor: a strided column of 0 or 1 elements counts as contiguous, yet
+        # keeps the stride that a byte view refuses.
+        data = memory(v).reshape(-1)
+        h.update(torch.empty(data.shape, dtype=data.dtype).copy_(data).view(torch.uint8).numpy().tobytes())
     return h.digest()
 
 

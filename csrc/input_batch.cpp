@@ -47,6 +47,16 @@ struct Ints {
   }
 };
 
+// A message of parts (text and integers), worded only when a check fails: never per row.
+inline void append(std::string& out, const char* part) { out += part; }
+inline void append(std::string& out, std::int64_t part) { out += std::to_string(part); }
+template <class... Parts>
+std::string words(const Parts&... parts) {
+  std::string out;
+  (append(out, parts), ...);
+  return out;
+}
+
 std::string str(i128 v) {
   if (v >= INT64_MIN && v <= INT64_MAX) return std::to_string(static_cast<std::int64_t>(v));
   return v < 0 ? "(below -2**63)" : "(above 2**63)";
@@ -55,17 +65,20 @@ std::string str(i128 v) {
 Strided flat(const Buffer& b) { return Strided{b, 1, b.numel, b.numel}; }
 
 // contracts/input_batch.py: require_cells. [flat, flat + width) are elements of t.
-void need_cells(const char* kernel, const char* name, const Strided& t, i128 at, i128 width, const std::string& what) {
+template <class... What>
+void need_cells(const char* kernel, const char* name, const Strided& t, i128 at, i128 width, const What&... what) {
   if (width <= 0) return;
   if (at < 0 || at > static_cast<i128>(INT64_MAX) - width)
-    fail(kernel, name, "is accessed at flat index " + str(at) + " (" + what + "), outside it");
+    fail(kernel, name, "is accessed at flat index " + str(at) + " (" + words(what...) + "), outside it");
   if (!t.holds(static_cast<std::int64_t>(at), static_cast<std::int64_t>(width)))
-    fail(kernel, name, "must hold flat indices [" + str(at) + ", " + str(at + width) + ") (" + what + ")");
+    fail(kernel, name, "must hold flat indices [" + str(at) + ", " + str(at + width) + ") (" + words(what...) + ")");
 }
 
 // C37: every sum the kernels form fits int32.
-void need_int32(const char* kernel, const char* name, i128 v, const std::string& what) {
-  if (v < INT32_MIN || v > INT32_MAX) fail(kernel, name, "makes " + what + " = " + str(v) + ", outside int32");
+// C37: every sum the kernels form fits int32; `what` words the quantity.
+template <class... What>
+void need_int32(const char* kernel, const char* name, i128 v, const What&... what) {
+  if (v < INT32_MIN || v > INT32_MAX) fail(kernel, name, "makes " + words(what...) + " = " + str(v) + ", outside int32");
 }
 
 struct State {
@@ -146,7 +159,7 @@ void prepare_prefill_inputs(Buffer input_ids, Strided next_prefill_tokens, std::
            "entry " + std::to_string(s) + " = " + std::to_string(c) + " (row " + std::to_string(b) + ", prefilling) must be >= 0");
     const i128 last = std::max(c + ql, std::min(static_cast<i128>(p), c + ql + num_lookahead));
     need_cells(k, "all_token_ids_ptr", all_token_ids, static_cast<i128>(s) * tokens_stride + c, last - c,
-               "request state " + std::to_string(s) + "'s tokens");
+               "request state ", s, "'s tokens");
     need_len(k, "input_ids_ptr", input_ids, qsl[b + 1]);
     widest = std::max(widest, s);
     copied += static_cast<std::int64_t>(ql);
@@ -179,8 +192,8 @@ void prepare_pos_seq_lens(Buffer pos, Buffer seq_lens, Buffer idx_mapping, Buffe
   const Ints computed(num_computed_tokens);
   for (std::int64_t b = 0; b < n; ++b) {
     const std::int64_t c = computed[idx[b]];
-    need_int32(k, "num_computed_tokens_ptr", c, "row " + std::to_string(b) + "'s first position");
-    need_int32(k, "num_computed_tokens_ptr", static_cast<i128>(c) + qsl[b + 1] - qsl[b], "row " + std::to_string(b) + "'s seq_len");
+    need_int32(k, "num_computed_tokens_ptr", c, "row ", b, "'s first position");
+    need_int32(k, "num_computed_tokens_ptr", static_cast<i128>(c) + qsl[b + 1] - qsl[b], "row ", b, "'s seq_len");
   }
   const Ints positions(pos), lens(seq_lens);
   rows(n, qsl[n] - qsl[0], [&](std::int64_t b) {
@@ -224,7 +237,7 @@ void combine_sampled_and_draft_tokens(Buffer input_ids, Buffer idx_mapping, Buff
       fail(k, "last_sampled_tokens_ptr",
            "must hold request state " + std::to_string(s) + "'s entry, has " + std::to_string(last_sampled_tokens.numel));
     need_cells(k, "draft_tokens_ptr", draft_tokens, static_cast<i128>(s) * draft_stride, nl - new_sampled,
-               "request state " + std::to_string(s) + "'s drafts");
+               "request state ", s, "'s drafts");
   }
   const Ints ids(input_ids), last(last_sampled_tokens), drafts(draft_tokens), logits(logits_indices);
   rows(n, cu[n], [&](std::int64_t b) {
@@ -293,20 +306,19 @@ void post_update(Buffer idx_mapping, Buffer num_computed_tokens, Buffer last_sam
   for (std::int64_t b = 0; b < n; ++b) {
     const std::int64_t s = idx[b];
     if (s < 0) continue;
-    const std::string row = "row " + std::to_string(b), state = "request state " + std::to_string(s);
     if (has_drafts) {
-      need_cells(k, "draft_tokens_ptr", flat(draft_tokens), static_cast<i128>(b) * nd, nd, row + "'s drafts");
-      need_cells(k, "draft_tokens_out_ptr", flat(draft_tokens_out), static_cast<i128>(s) * nd, nd, state + "'s drafts");
+      need_cells(k, "draft_tokens_ptr", flat(draft_tokens), static_cast<i128>(b) * nd, nd, "row ", b, "'s drafts");
+      need_cells(k, "draft_tokens_out_ptr", flat(draft_tokens_out), static_cast<i128>(s) * nd, nd, "request state ", s, "'s drafts");
     }
     const std::int64_t ns = sampled_n[b];
     if (ns < 0) fail(k, "num_sampled_ptr", "entry " + std::to_string(b) + " = " + std::to_string(ns) + " must be >= 0");
-    need_cells(k, "sampled_tokens_ptr", sampled_tokens, static_cast<i128>(b) * sampled_stride, ns, row + "'s sampled tokens");
+    need_cells(k, "sampled_tokens_ptr", sampled_tokens, static_cast<i128>(b) * sampled_stride, ns, "row ", b, "'s sampled tokens");
     if (ns) {
       const std::int64_t start = total[s];
-      need_int32(k, "num_sampled_ptr", static_cast<i128>(start) + ns, state + "'s total_len");
+      need_int32(k, "num_sampled_ptr", static_cast<i128>(start) + ns, "request state ", s, "'s total_len");
       if (start < 0)
         fail(k, "total_len_ptr", "entry " + std::to_string(s) + " = " + std::to_string(start) + " must be >= 0 where tokens are appended");
-      need_cells(k, "all_token_ids_ptr", all_token_ids, static_cast<i128>(s) * tokens_stride + start, ns, state + "'s tokens");
+      need_cells(k, "all_token_ids_ptr", all_token_ids, static_cast<i128>(s) * tokens_stride + start, ns, "request state ", s, "'s tokens");
     }
     if (has_bins) {
       const std::int64_t from = b * sampled_stride;
@@ -314,9 +326,9 @@ void post_update(Buffer idx_mapping, Buffer num_computed_tokens, Buffer last_sam
         const std::int64_t t = sampled[from + i];
         if (t < 0)
           fail(k, "sampled_tokens_ptr",
-               "token " + std::to_string(t) + " of " + row + " indexes output_bin_counts (must be >= 0)");
+               words("token ", t, " of row ", b, " indexes output_bin_counts (must be >= 0)"));
         need_cells(k, "output_bin_counts_ptr", output_bin_counts, static_cast<i128>(s) * bins_stride + t, 1,
-                   state + "'s count of token " + std::to_string(t));
+                   "request state ", s, "'s count of token ", t);
       }
       // A count grows once per occurrence of its token in the row.
       for (std::int64_t i = 0; i < ns; ++i) {
@@ -324,14 +336,14 @@ void post_update(Buffer idx_mapping, Buffer num_computed_tokens, Buffer last_sam
         std::int64_t times = 0;
         for (std::int64_t j = 0; j < ns; ++j) times += sampled[from + j] == t;
         need_int32(k, "output_bin_counts_ptr", static_cast<i128>(bins[s * bins_stride + t]) + times,
-                   state + "'s count of token " + std::to_string(t));
+                   "request state ", s, "'s count of token ", t);
       }
     }
     const i128 ql = has_qsl ? static_cast<i128>(qsl[b + 1]) - qsl[b] : 0;
-    need_int32(k, "query_start_loc_ptr", ql, row + "'s query_len");
+    need_int32(k, "query_start_loc_ptr", ql, "row ", b, "'s query_len");
     const i128 delta = ql - rejected[b];
-    need_int32(k, "num_rejected_ptr", delta, row + "'s query_len - num_rejected");
-    need_int32(k, "num_computed_tokens_ptr", computed[s] + delta, state + "'s num_computed");
+    need_int32(k, "num_rejected_ptr", delta, "row ", b, "'s query_len - num_rejected");
+    need_int32(k, "num_computed_tokens_ptr", computed[s] + delta, "request state ", s, "'s num_computed");
   }
 
   const Ints last(last_sampled_tokens), tokens(all_token_ids), drafts(draft_tokens), drafts_out(draft_tokens_out);
@@ -366,8 +378,8 @@ void post_update_num_computed_tokens(Buffer idx_mapping, Buffer num_computed_tok
   const Ints qsl(query_start_loc), computed(num_computed_tokens);
   for (std::int64_t b = 0; b < n; ++b) {
     const i128 ql = static_cast<i128>(qsl[b + 1]) - qsl[b];
-    need_int32(k, "query_start_loc_ptr", ql, "row " + std::to_string(b) + "'s query_len");
-    need_int32(k, "num_computed_tokens_ptr", computed[idx[b]] + ql, "request state " + std::to_string(idx[b]) + "'s num_computed");
+    need_int32(k, "query_start_loc_ptr", ql, "row ", b, "'s query_len");
+    need_int32(k, "num_computed_tokens_ptr", computed[idx[b]] + ql, "request state ", idx[b], "'s num_computed");
   }
   rows(n, 0, [&](std::int64_t b) { computed.set(idx[b], computed[idx[b]] + qsl[b + 1] - qsl[b]); });
 }

@@ -40,13 +40,25 @@ struct Ints {
   }
 };
 
+// A message of parts (text and integers), worded only when a check fails: never per row.
+inline void append(std::string& out, const char* part) { out += part; }
+inline void append(std::string& out, std::int64_t part) { out += std::to_string(part); }
+template <class... Parts>
+std::string words(const Parts&... parts) {
+  std::string out;
+  (append(out, parts), ...);
+  return out;
+}
+
 std::string str(i128 v) {
   if (v >= INT64_MIN && v <= INT64_MAX) return std::to_string(static_cast<std::int64_t>(v));
   return v < 0 ? "(below -2**63)" : "(above 2**63)";
 }
 
-void need_int32(const char* kernel, const char* name, i128 v, const std::string& what) {
-  if (v < INT32_MIN || v > INT32_MAX) fail(kernel, name, "makes " + what + " = " + str(v) + ", outside int32");
+// C37: every sum the kernels form fits int32; `what` words the quantity.
+template <class... What>
+void need_int32(const char* kernel, const char* name, i128 v, const What&... what) {
+  if (v < INT32_MIN || v > INT32_MAX) fail(kernel, name, "makes " + words(what...) + " = " + str(v) + ", outside int32");
 }
 
 void need_max_model_len(const char* kernel, std::int64_t m) {
@@ -153,13 +165,12 @@ void prepare_decode_inputs(Strided draft_tokens, std::int64_t draft_stride, Buff
   }
   const Ints sample(sample_src_positions), target(target_seq_lens), rejected(num_rejected), pos(positions);
   for (std::int64_t b = 0; b < n; ++b) {
-    const std::string row = "row " + std::to_string(b);
-    need_int32(k, "sample_src_positions_ptr", static_cast<i128>(sample[b]) + 1, row + "'s next sampling position");
+    need_int32(k, "sample_src_positions_ptr", static_cast<i128>(sample[b]) + 1, "row ", b, "'s next sampling position");
     const i128 seq = static_cast<i128>(target[b]) - rejected[b];
-    need_int32(k, "num_rejected_ptr", seq, row + "'s seq_len");
+    need_int32(k, "num_rejected_ptr", seq, "row ", b, "'s seq_len");
     if (advance) {
-      need_int32(k, "positions_ptr", static_cast<i128>(pos[b]) + 1, row + "'s next position");
-      need_int32(k, "target_seq_lens_ptr", seq + 1, row + "'s next seq_len");
+      need_int32(k, "positions_ptr", static_cast<i128>(pos[b]) + 1, "row ", b, "'s next position");
+      need_int32(k, "target_seq_lens_ptr", seq + 1, "row ", b, "'s next seq_len");
     }
   }
   const Ints drafts(draft_tokens), ids(input_ids), qsl(query_start_loc), lens(seq_lens);
@@ -213,15 +224,15 @@ void update_draft_inputs(Strided output_draft_tokens, std::int64_t output_stride
   const Ints sample(sample_src_positions), pos(positions), lens(seq_lens), ids(input_ids);
   for (std::int64_t b = 0; b < n; ++b)
     need_int32(k, "sample_src_positions_ptr", static_cast<i128>(sample[b]) + 1,
-               "row " + std::to_string(b) + "'s next sampling position");
+               "row ", b, "'s next sampling position");
   if (advance) {
     need_max_model_len(k, max_model_len);
     need_len(k, "positions_ptr", positions, n);
     for (std::int64_t b = 0; b < n; ++b)
-      need_int32(k, "positions_ptr", static_cast<i128>(pos[b]) + 1, "row " + std::to_string(b) + "'s next value");
+      need_int32(k, "positions_ptr", static_cast<i128>(pos[b]) + 1, "row ", b, "'s next value");
     need_len(k, "seq_lens_ptr", seq_lens, n);
     for (std::int64_t b = 0; b < n; ++b)
-      need_int32(k, "seq_lens_ptr", static_cast<i128>(lens[b]) + 1, "row " + std::to_string(b) + "'s next value");
+      need_int32(k, "seq_lens_ptr", static_cast<i128>(lens[b]) + 1, "row ", b, "'s next value");
   }
   const std::size_t bytes = element_size(hidden_states.data.dtype);
   auto* src = reinterpret_cast<const char*>(hidden_states.data.ptr);
