@@ -60,9 +60,11 @@ def _prepare_pos_seq_lens_kernel(
     num_reqs = tl.num_programs(0) - 1
     if b == num_reqs:
         # The extra program: rows past the batch are empty sequences for full CUDA graphs.
-        for i in tl.range(num_reqs, max_num_reqs, BLOCK_SIZE):
-            j = i + tl.arange(0, BLOCK_SIZE)
-            tl.store(seq_lens_ptr + j, 0, mask=j < max_num_reqs)
+        # Its own loop variables: compiled Triton gives a name one type across the branches, and the
+        # other branch's steps over query_start_loc's dtype.
+        for r0 in tl.range(num_reqs, max_num_reqs, BLOCK_SIZE):
+            r = r0 + tl.arange(0, BLOCK_SIZE)
+            tl.store(seq_lens_ptr + r, 0, mask=r < max_num_reqs)
     else:
         s = tl.load(idx_mapping_ptr + b)
         computed = tl.load(num_computed_tokens_ptr + s)

@@ -38,10 +38,12 @@ def _prepare_prefill_inputs_kernel(
     start = tl.load(query_start_loc_ptr + b)
     end = tl.load(query_start_loc_ptr + b + 1)
     kept = end - start - tl.load(num_rejected_ptr + b)  # the query without its rejected tokens
+    # Both branches widen to int64 (compiled Triton gives a variable one type): the last sampled
+    # token is narrowed to int32 first, as vLLM's kernel casts it.
     if tl.load(num_sampled_ptr + b) > 0:
-        following = tl.load(last_sampled_ptr + s).to(tl.int32)
+        following = tl.load(last_sampled_ptr + s).to(tl.int32).to(tl.int64)
     else:
-        following = tl.load(next_prefill_tokens_ptr + s)  # still prefilling: the next prompt token
+        following = tl.load(next_prefill_tokens_ptr + s).to(tl.int64)  # still prefilling: the next prompt token
 
     # The drafter's token i is the target's token i + 1; its positions are the target's.
     for i in range(0, kept, BLOCK_SIZE):
@@ -57,13 +59,14 @@ def _prepare_prefill_inputs_kernel(
     tl.store(draft_seq_lens_ptr + b, tl.load(seq_lens_ptr + b))
 
     if b == n - 1:
-        # Reset the draft step; pad the rows past the batch for CUDA graphs.
+        # Reset the draft step; pad the rows past the batch for CUDA graphs. (Loop variables of their
+        # own: compiled Triton keeps the one above at query_start_loc's dtype.)
         tl.store(draft_current_step_ptr, 0)
-        for i in range(n, max_num_reqs + 1, BLOCK_SIZE):
-            r = i + tl.arange(0, BLOCK_SIZE)
+        for r0 in range(n, max_num_reqs + 1, BLOCK_SIZE):
+            r = r0 + tl.arange(0, BLOCK_SIZE)
             tl.store(draft_query_start_loc_ptr + r, end, mask=r < max_num_reqs + 1)
-        for i in range(n, max_num_reqs, BLOCK_SIZE):
-            r = i + tl.arange(0, BLOCK_SIZE)
+        for r0 in range(n, max_num_reqs, BLOCK_SIZE):
+            r = r0 + tl.arange(0, BLOCK_SIZE)
             tl.store(draft_seq_lens_ptr + r, 0, mask=r < max_num_reqs)
             tl.store(last_token_indices_ptr + r, 0, mask=r < max_num_reqs)
 
