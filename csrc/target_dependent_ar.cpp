@@ -13,66 +13,22 @@
 #include "common.h"
 #include "launch.h"
 #include "metadata.h"
+#include "state.h"
 
 namespace specdiff {
 namespace {
 
-using i128 = __int128;
+using namespace state;
 
 constexpr const char* kPrefill = "target_dependent_ar._prepare_prefill_inputs_kernel";
 constexpr const char* kDecode = "_prepare_decode_inputs_kernel";
 constexpr const char* kUpdate = "_update_draft_inputs_kernel";
-
-// An int32 or int64 buffer read and written element by element; a store narrows.
-struct Ints {
-  std::uintptr_t ptr;
-  int dtype;
-  explicit Ints(const Buffer& b) : ptr(b.ptr), dtype(b.dtype) {}
-  explicit Ints(const Strided& t) : Ints(t.data) {}
-  std::int64_t operator[](std::int64_t i) const {
-    return dtype == kInt32 ? reinterpret_cast<const std::int32_t*>(ptr)[i] : reinterpret_cast<const std::int64_t*>(ptr)[i];
-  }
-  void set(std::int64_t i, std::int64_t v) const {
-    if (dtype == kInt32)
-      reinterpret_cast<std::int32_t*>(ptr)[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(v));
-    else
-      reinterpret_cast<std::int64_t*>(ptr)[i] = v;
-  }
-};
-
-// A message of parts (text and integers), worded only when a check fails: never per row.
-inline void append(std::string& out, const char* part) { out += part; }
-inline void append(std::string& out, std::int64_t part) { out += std::to_string(part); }
-template <class... Parts>
-std::string words(const Parts&... parts) {
-  std::string out;
-  (append(out, parts), ...);
-  return out;
-}
-
-std::string str(i128 v) {
-  if (v >= INT64_MIN && v <= INT64_MAX) return std::to_string(static_cast<std::int64_t>(v));
-  return v < 0 ? "(below -2**63)" : "(above 2**63)";
-}
-
-// C37: every sum the kernels form fits int32; `what` words the quantity.
-template <class... What>
-void need_int32(const char* kernel, const char* name, i128 v, const What&... what) {
-  if (v < INT32_MIN || v > INT32_MAX) fail(kernel, name, "makes " + words(what...) + " = " + str(v) + ", outside int32");
-}
 
 void need_max_model_len(const char* kernel, std::int64_t m) {
   if (m < 1 || m > INT32_MAX) fail(kernel, "max_model_len", "must be in [1, 2**31), got " + std::to_string(m));
 }
 
 std::int32_t to_int32(std::int64_t v) { return static_cast<std::int32_t>(static_cast<std::uint32_t>(v)); }
-
-template <class F>
-void rows(std::int64_t n, std::int64_t work, F&& f) {
-  NoGil nogil;
-#pragma omp parallel for if (parallel_if(work >= kParallelCopyTokens)) schedule(static)
-  for (std::int64_t b = 0; b < n; ++b) f(b);
-}
 
 // -- K29 --------------------------------------------------------------------------------------
 void prepare_prefill_inputs(Buffer last_token_indices, Buffer draft_current_step, Buffer draft_input_ids,
