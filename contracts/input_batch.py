@@ -299,6 +299,7 @@ def _counts_pre(a: Mapping[str, Any]) -> None:
     sampled = a["num_sampled_ptr"][:n].tolist()
     for b in range(n):
         nl = cu[b + 1] - cu[b]
+        in_int32(k, "cu_num_logits_ptr", nl, f"row {b}'s logits count")  # num_rejected is at most it
         require(0 <= sampled[b] <= nl, k, "num_sampled_ptr", f"entry {b} = {sampled[b]} must be in [0, {nl}] (its logits)")
 
 
@@ -365,7 +366,7 @@ def _post_pre(a: Mapping[str, Any]) -> None:
             require_cells(k, "all_token_ids_ptr", tokens, s * t_stride + start, ns,
                           f"request state {s}'s tokens [{start}, {start + ns})")
         if bins is not None:
-            row = flat_view(sampled_t)[b * s_stride : b * s_stride + ns].tolist()
+            row = flat_view(sampled_t)[b * s_stride : b * s_stride + ns].tolist() if ns else []
             for t in row:
                 require(t >= 0, k, "sampled_tokens_ptr", f"token {t} of row {b} indexes output_bin_counts (must be >= 0)")
                 require_cells(k, "output_bin_counts_ptr", bins, s * b_stride + t, 1, f"request state {s}'s count of token {t}")

@@ -207,6 +207,7 @@ void get_num_sampled_and_rejected(Buffer num_sampled, Buffer num_rejected, Buffe
   const Ints sampled(num_sampled), rejected(num_rejected), seq(seq_lens), prefill(prefill_len);
   for (std::int64_t b = 0; b < n; ++b) {
     const std::int64_t ns = sampled[b], nl = cu[b + 1] - cu[b];
+    need_int32(k, "cu_num_logits_ptr", nl, "row ", b, "'s logits count");  // num_rejected is at most it
     if (ns < 0 || ns > nl)
       fail(k, "num_sampled_ptr",
            "entry " + std::to_string(b) + " = " + std::to_string(ns) + " must be in [0, " + std::to_string(nl) + "] (its logits)");

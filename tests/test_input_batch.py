@@ -194,6 +194,11 @@ INVALID = [
     (contract.K24, lambda: combine_args([0] * 9, NUM_NEW_SAMPLED_TOKENS=2), "NUM_NEW_SAMPLED_TOKENS"),
     (contract.K25, lambda: dict(num_sampled_ptr=i32([4, 1, 1]), num_rejected_ptr=i32([0, 0, 0]), seq_lens_ptr=i32([13, 6, 5]),
                                 cu_num_logits_ptr=i32(CU), idx_mapping_ptr=i64(IDX), prefill_len_ptr=i32(PREFILL)), "num_sampled_ptr"),
+    # Row 2's 2**31 + 1 logits: its rejected count would not fit int32 (the fuzz found the oracle's
+    # store overflowing where the contract had accepted it).
+    (contract.K25, lambda: dict(num_sampled_ptr=i32([2, 1, 1]), num_rejected_ptr=i32([0, 0, 0]), seq_lens_ptr=i32([13, 6, 5]),
+                                cu_num_logits_ptr=i64([0, 3, 4, 2**31 + 5]), idx_mapping_ptr=i64(IDX), prefill_len_ptr=i32(PREFILL)),
+     "cu_num_logits_ptr"),
     (contract.K26, lambda: post_args(idx_mapping_ptr=i64([3, 0, 3, -1])), "idx_mapping_ptr"),
     (contract.K26, lambda: post_args(sampled_tokens_ptr=i64([[7, -2, P], [P, P, P], [5, P, P], [6, P, P]])), "sampled_tokens_ptr"),
     # State 4 (the last row of both) counts token 10 of 10 and appends at column 16 of 16.
