@@ -1,4 +1,4 @@
-"""Value-level checks shared by the input-preparation contracts (K5–K10).
+"""Value-level checks shared by the input-preparation contracts (K5–K10) and Model Runner V2's step (K22–K31).
 
 Block tables and the sampled-token matrix are addressed as ``row * stride + column`` from the
 data pointer, with the stride taken from a scalar argument (docs/spec.md §1.4). A read is inside the
@@ -74,6 +74,14 @@ def require_elements(kernel: str, name: str, t: torch.Tensor, flat: torch.Tensor
     if not ok.all():
         i = int((~ok).nonzero()[0])
         raise ValueError(f"{kernel}: '{name}' is read at flat index {int(flat[i])} ({what}), which is not an element of shape {tuple(t.shape)}")
+
+
+def require_cells(kernel: str, name: str, t: torch.Tensor, flat: int, width: int, what: str) -> None:
+    """Flat indices ``[flat, flat + width)`` (``flat`` a Python int, never wrapped) are elements of ``t``."""
+    if width > 0:
+        require(0 <= flat <= 2**63 - 1 - width, kernel, name, f"is accessed at flat index {flat} ({what}), outside it")
+        ok = bool(holds(t, torch.tensor([flat], dtype=torch.int64), width)[0])
+        require(ok, kernel, name, f"must hold flat indices [{flat}, {flat + width}) ({what}), shape {tuple(t.shape)}")
 
 
 def exclusive_offsets(kernel: str, name: str, qsl: torch.Tensor, entries: int) -> list[int]:

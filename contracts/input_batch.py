@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
-from contracts._checks import exclusive_offsets, flat_view, holds, item, require_rows
+from contracts._checks import exclusive_offsets, flat_view, item, require_cells, require_rows
 from contracts.spec import (
     INT,
     KernelSpec,
     Role,
     constexpr,
+    in_int32,
     power_of_two,
     ptr,
     require,
@@ -67,12 +68,6 @@ def state_rows(kernel: str, a: Mapping[str, Any], states: tuple[str, ...], *, di
     return idx
 
 
-def in_int32(kernel: str, name: str, value: int, what: str) -> None:
-    """C37: every sum these kernels form (a length, a position, a count) fits int32, the state's
-    dtype in the engine; nothing wraps."""
-    require(-(2**31) <= value < 2**31, kernel, name, f"makes {what} = {value}, outside int32")
-
-
 # -- K22: prefill tokens into input_ids -----------------------------------------------------------
 def _prefill_pre(a: Mapping[str, Any]) -> None:
     k = K22
@@ -100,14 +95,6 @@ def _prefill_pre(a: Mapping[str, Any]) -> None:
         widest = max(widest, s)
     # Lookahead j of state s is written at j * stride + s: num_lookahead rows reaching column `widest`.
     require_rows(k, "next_prefill_tokens_ptr", nxt, nl, n_stride, widest + 1)
-
-
-def require_cells(kernel: str, name: str, t: torch.Tensor, flat: int, width: int, what: str) -> None:
-    """Flat indices ``[flat, flat + width)`` from ``t``'s data pointer are elements of ``t``."""
-    if width > 0:
-        require(0 <= flat <= 2**63 - 1 - width, kernel, name, f"is accessed at flat index {flat} ({what}), outside it")
-        ok = bool(holds(t, torch.tensor([flat], dtype=I64), width)[0])
-        require(ok, kernel, name, f"must hold flat indices [{flat}, {flat + width}) ({what}), shape {tuple(t.shape)}")
 
 
 def _prefill_explain(a: Mapping[str, Any], output: str, index: int) -> str:

@@ -419,6 +419,12 @@ def in_int64(kernel: str, name: str, value: int, what: str) -> int:
     return value
 
 
+def in_int32(kernel: str, name: str, value: int, what: str) -> None:
+    """C37: a sum a Model Runner V2 step kernel forms (a length, a position, a count) fits int32, the
+    dtype of the engine's state, so nothing wraps whatever the tensors' dtypes."""
+    require(-(2**31) <= value < 2**31, kernel, name, f"makes {what} = {value}, outside int32")
+
+
 def at_least(kernel: str, name: str, value: int, low: int) -> None:
     require(value >= low, kernel, name, f"must be >= {low}, got {value}")
 

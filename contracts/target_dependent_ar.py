@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from contracts._checks import exclusive_offsets, item, require_rows
-from contracts.input_batch import in_int32, require_cells
+from contracts._checks import exclusive_offsets, item, require_cells, require_rows
 from contracts.spec import (
     INT,
     KernelSpec,
     Role,
     constexpr,
+    in_int32,
     power_of_two,
     ptr,
     require,

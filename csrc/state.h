@@ -51,7 +51,7 @@ inline std::string str(i128 v) {
   return v < 0 ? "(below -2**63)" : "(above 2**63)";
 }
 
-// contracts/input_batch.py: require_cells. [at, at + width) are elements of t; `what` words them.
+// contracts/_checks.py: require_cells. [at, at + width) are elements of t; `what` words them.
 template <class... What>
 void need_cells(const char* kernel, const char* name, const Strided& t, i128 at, i128 width, const What&... what) {
   if (width <= 0) return;

@@ -16,11 +16,16 @@ import torch
 from contracts._checks import flat_view
 
 
-def _set(t: torch.Tensor, flat: int, value: int) -> None:
-    """Stores ``value`` at flat index ``flat``, narrowed to ``t``'s dtype as a store narrows."""
-    bits = torch.iinfo(t.dtype).bits
+def narrow(value: int, dtype: torch.dtype) -> int:
+    """``value`` in two's complement at ``dtype``'s width, as a store or a cast narrows it."""
+    bits = torch.iinfo(dtype).bits
     value &= (1 << bits) - 1
-    flat_view(t)[flat] = value - (1 << bits) if value >> (bits - 1) else value
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def store(t: torch.Tensor, flat: int, value: int) -> None:
+    """Stores ``value`` at flat index ``flat``, narrowed to ``t``'s dtype."""
+    flat_view(t)[flat] = narrow(value, t.dtype)
 
 
 def _get(t: torch.Tensor, flat: int) -> int:
@@ -50,12 +55,12 @@ def _prepare_prefill_inputs_kernel(
         row = s * all_token_ids_stride
         query_len = qsl[b + 1] - qsl[b]
         for i in range(query_len):
-            _set(input_ids_ptr, qsl[b] + i, _get(all_token_ids_ptr, row + computed + i))
+            store(input_ids_ptr, qsl[b] + i, _get(all_token_ids_ptr, row + computed + i))
         # The next num_lookahead prompt tokens after the query; 0 past prefill_len.
         for j in range(num_lookahead):
             at = computed + query_len + j
             token = _get(all_token_ids_ptr, row + at) if at < prefill else 0
-            _set(next_prefill_tokens_ptr, j * next_prefill_tokens_stride + s, token)
+            store(next_prefill_tokens_ptr, j * next_prefill_tokens_stride + s, token)
 
 
 def _prepare_pos_seq_lens_kernel(
@@ -72,12 +77,12 @@ def _prepare_pos_seq_lens_kernel(
     for b, s in enumerate(idx):
         computed = int(num_computed_tokens_ptr[s])
         query_len = qsl[b + 1] - qsl[b]
-        _set(seq_lens_ptr, b, computed + query_len)
+        store(seq_lens_ptr, b, computed + query_len)
         for i in range(query_len):
-            _set(pos_ptr, qsl[b] + i, computed + i)
+            store(pos_ptr, qsl[b] + i, computed + i)
     # Rows past the batch read as empty sequences for full CUDA graphs.
     for r in range(len(idx), max_num_reqs):
-        _set(seq_lens_ptr, r, 0)
+        store(seq_lens_ptr, r, 0)
 
 
 def _combine_sampled_and_draft_tokens_kernel(
@@ -101,15 +106,15 @@ def _combine_sampled_and_draft_tokens_kernel(
         # The logits rows are the query's last num_logits tokens.
         logits_start = qsl[b + 1] - num_logits
         for i in range(num_logits):
-            _set(logits_indices_ptr, cu[b] + i, logits_start + i)
+            store(logits_indices_ptr, cu[b] + i, logits_start + i)
         seq_len, prefill = int(seq_lens_ptr[b]), int(prefill_len_ptr[s])
         if seq_len <= prefill:
             continue  # a prefill chunk: its tokens are the prompt's (K22)
         # The last sampled token goes first, unless that place still holds a prompt token.
         if NUM_NEW_SAMPLED_TOKENS and seq_len - num_logits >= prefill:
-            _set(input_ids_ptr, logits_start, _get(last_sampled_tokens_ptr, s))
+            store(input_ids_ptr, logits_start, _get(last_sampled_tokens_ptr, s))
         for i in range(num_drafts):
-            _set(input_ids_ptr, qsl[b + 1] - num_drafts + i, _get(draft_tokens_ptr, s * draft_tokens_stride + i))
+            store(input_ids_ptr, qsl[b + 1] - num_drafts + i, _get(draft_tokens_ptr, s * draft_tokens_stride + i))
 
 
 def _get_num_sampled_and_rejected_kernel(
@@ -153,16 +158,16 @@ def _post_update_kernel(
             continue  # a row whose request finished or needs no update
         if draft_tokens_ptr is not None:
             for i in range(nd):
-                _set(draft_tokens_out_ptr, s * nd + i, _get(draft_tokens_ptr, b * nd + i))
+                store(draft_tokens_out_ptr, s * nd + i, _get(draft_tokens_ptr, b * nd + i))
         total = int(total_len_ptr[s])
         num_sampled = int(num_sampled_ptr[b])
         tokens = [_get(sampled_tokens_ptr, b * sampled_tokens_stride + i) for i in range(num_sampled)]
         if num_sampled > 0:
-            _set(last_sampled_tokens_ptr, s, tokens[-1])
-            _set(total_len_ptr, s, total + num_sampled)
+            store(last_sampled_tokens_ptr, s, tokens[-1])
+            store(total_len_ptr, s, total + num_sampled)
         # Appended at the length read before the update; counted one by one (a token may repeat).
         for i, token in enumerate(tokens):
-            _set(all_token_ids_ptr, s * all_token_ids_stride + total + i, token)
+            store(all_token_ids_ptr, s * all_token_ids_stride + total + i, token)
             if output_bin_counts_ptr is not None:
                 at = s * output_bin_counts_stride + token
                 flat_view(output_bin_counts_ptr)[at] += 1
@@ -191,5 +196,5 @@ def _expand_idx_mapping_kernel(
     cu = cu_num_logits_ptr.tolist()
     for b, s in enumerate(idx_mapping_ptr.tolist()):
         for i in range(cu[b + 1] - cu[b]):
-            _set(expanded_idx_mapping_ptr, cu[b] + i, s)
-            _set(expanded_local_pos_ptr, cu[b] + i, i)
+            store(expanded_idx_mapping_ptr, cu[b] + i, s)
+            store(expanded_local_pos_ptr, cu[b] + i, i)

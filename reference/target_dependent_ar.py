@@ -11,21 +11,7 @@ from __future__ import annotations
 import torch
 
 from contracts._checks import flat_view
-
-
-def _set(t: torch.Tensor, flat: int, value: int | float) -> None:
-    """Stores ``value`` at flat index ``flat``; an integer is narrowed to ``t``'s dtype as a store
-    narrows."""
-    if not t.dtype.is_floating_point:
-        bits = torch.iinfo(t.dtype).bits
-        value = int(value) & ((1 << bits) - 1)
-        value = value - (1 << bits) if value >> (bits - 1) else value
-    flat_view(t)[flat] = value
-
-
-def _int32(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value >> 31 else value
+from reference.input_batch import narrow, store
 
 
 def _prepare_prefill_inputs_kernel(
@@ -56,28 +42,28 @@ def _prepare_prefill_inputs_kernel(
         # The token the draft continues from: the last one sampled, narrowed to int32 as the kernel
         # casts it, or for a chunked prefill the next prompt token.
         if int(num_sampled_ptr[b]) > 0:
-            following = _int32(int(flat_view(last_sampled_ptr)[s]))
+            following = narrow(int(flat_view(last_sampled_ptr)[s]), torch.int32)
         else:
             following = int(flat_view(next_prefill_tokens_ptr)[s])
         # The drafter's input at token i is the target's token i + 1: shifted by one.
         for i in range(1, kept):
-            _set(draft_input_ids_ptr, start + i - 1, int(target_input_ids_ptr[start + i]))
+            store(draft_input_ids_ptr, start + i - 1, int(target_input_ids_ptr[start + i]))
         last = start + kept - 1
-        _set(last_token_indices_ptr, b, last)
-        _set(draft_input_ids_ptr, last, following)
+        store(last_token_indices_ptr, b, last)
+        store(draft_input_ids_ptr, last, following)
         for i in range(kept):
-            _set(draft_positions_ptr, start + i, int(target_positions_ptr[start + i]))
-        _set(draft_query_start_loc_ptr, b, start)
-        _set(draft_seq_lens_ptr, b, int(seq_lens_ptr[b]))
+            store(draft_positions_ptr, start + i, int(target_positions_ptr[start + i]))
+        store(draft_query_start_loc_ptr, b, start)
+        store(draft_seq_lens_ptr, b, int(seq_lens_ptr[b]))
     if n:
         # The last row's program resets the step and pads the rows past the batch for CUDA graphs:
         # query offsets with the last query's end (rejected tokens included), lengths and indices 0.
-        _set(draft_current_step_ptr, 0, 0)
+        store(draft_current_step_ptr, 0, 0)
         for r in range(n, max_num_reqs + 1):
-            _set(draft_query_start_loc_ptr, r, qsl[n])
+            store(draft_query_start_loc_ptr, r, qsl[n])
         for r in range(n, max_num_reqs):
-            _set(draft_seq_lens_ptr, r, 0)
-            _set(last_token_indices_ptr, r, 0)
+            store(draft_seq_lens_ptr, r, 0)
+            store(last_token_indices_ptr, r, 0)
 
 
 def _prepare_decode_inputs_kernel(
@@ -98,19 +84,19 @@ def _prepare_decode_inputs_kernel(
     n = draft_tokens_ptr.shape[0]
     drafts = flat_view(draft_tokens_ptr)
     for b in range(n):
-        _set(input_ids_ptr, b, int(drafts[b * draft_tokens_stride]))
-        _set(sample_src_positions_ptr, b, int(sample_src_positions_ptr[b]) + 1)
+        store(input_ids_ptr, b, int(drafts[b * draft_tokens_stride]))
+        store(sample_src_positions_ptr, b, int(sample_src_positions_ptr[b]) + 1)
         seq_len = int(target_seq_lens_ptr[b]) - int(num_rejected_ptr[b])
         if ADVANCE_DRAFT_POSITIONS:
             # Clamped at the model's length so that nothing is read or written past it.
-            _set(positions_ptr, b, min(int(positions_ptr[b]) + 1, max_model_len - 1))
+            store(positions_ptr, b, min(int(positions_ptr[b]) + 1, max_model_len - 1))
             seq_len = min(seq_len + 1, max_model_len)
-        _set(seq_lens_ptr, b, seq_len)
+        store(seq_lens_ptr, b, seq_len)
     # One token per request; rows past the batch are empty, for CUDA graphs.
     for r in range(max_num_reqs + 1):
-        _set(query_start_loc_ptr, r, min(r, n))
+        store(query_start_loc_ptr, r, min(r, n))
     for r in range(n, max_num_reqs):
-        _set(seq_lens_ptr, r, 0)
+        store(seq_lens_ptr, r, 0)
 
 
 def _update_draft_inputs_kernel(
@@ -135,14 +121,14 @@ def _update_draft_inputs_kernel(
     step = int(current_draft_step_ptr.flatten()[0])
     hidden, following = flat_view(hidden_states_ptr), flat_view(next_input_hidden_states_ptr)
     for b, token in enumerate(draft_tokens_ptr.tolist()):
-        _set(output_draft_tokens_ptr, b * output_draft_tokens_stride + step, token)
+        store(output_draft_tokens_ptr, b * output_draft_tokens_stride + step, token)
         if step >= num_speculative_steps - 1:
             continue  # the last step: nothing more is drafted
-        _set(sample_src_positions_ptr, b, int(sample_src_positions_ptr[b]) + 1)
-        _set(input_ids_ptr, b, token)
+        store(sample_src_positions_ptr, b, int(sample_src_positions_ptr[b]) + 1)
+        store(input_ids_ptr, b, token)
         # The draft model's hidden state becomes the next step's input, bit for bit.
         src, dst = b * hidden_states_stride, b * next_input_hidden_states_stride
         following[dst : dst + hidden_size] = hidden[src : src + hidden_size]
         if ADVANCE_DRAFT_POSITIONS:
-            _set(positions_ptr, b, min(int(positions_ptr[b]) + 1, max_model_len - 1))
-            _set(seq_lens_ptr, b, min(int(seq_lens_ptr[b]) + 1, max_model_len))
+            store(positions_ptr, b, min(int(positions_ptr[b]) + 1, max_model_len - 1))
+            store(seq_lens_ptr, b, min(int(seq_lens_ptr[b]) + 1, max_model_len))
