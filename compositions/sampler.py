@@ -17,7 +17,7 @@ import torch
 import contracts
 from conformance.backends import resolve_kernel
 from conformance.runner import copy_args, poison_value
-from contracts.spec import cdiv, next_power_of_2
+from contracts.spec import cdiv, next_power_of_2, tensors
 
 PLACEHOLDER_TOKEN_ID = -1
 GREEDY_TEMPERATURE = 0.0
@@ -45,9 +45,10 @@ def launch(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> Non
     moved = args if device == "cpu" else copy_args(args, device)
     b.launcher(k, grid)(**moved)
     if moved is not args:
-        for p in spec.outputs:
-            if isinstance(args[p.name], torch.Tensor):
-                args[p.name].copy_(moved[p.name])
+        copies = {label: t for label, _, t in tensors(spec, moved)}
+        for label, p, t in tensors(spec, args):
+            if p.is_output:
+                t.copy_(copies[label])
 
 
 def generate_uniform_probs(

@@ -6,11 +6,12 @@ so that a package defining backends (conformance/engine) needs nothing of the re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.spec import KernelSpec
+from contracts.spec import KernelSpec, Table
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class Backend:
     triton: bool = False
     # Whether it has ``spec``, told without loading or building anything (``list``); None: resolve it.
     lists: Callable[[KernelSpec], bool] | None = None
+    # Its kernels take a pointer table as vLLM's do, a uint64 tensor of addresses: a launch's
+    # :class:`Table` reaches them so (the tensors stay alive in the launch's arguments).
+    addresses: bool = False
 
     def applies(self, spec: KernelSpec) -> bool:
         return not (spec.host and self.triton)
@@ -74,4 +78,18 @@ class Backend:
 
     def launcher(self, kernel: Any, grid: Any) -> Any:
         """What a launch calls: ``kernel[grid]``, or the kernel itself for a gridless backend."""
-        return kernel if self.gridless else kernel[grid]
+        if self.gridless:  # a plain function, given the grid only where the kernel reads it
+            launch = functools.partial(kernel, grid=tuple(grid)) if getattr(kernel, "reads_grid", False) else kernel
+        else:
+            launch = kernel[grid]
+        if not self.addresses:
+            return launch
+
+        def with_addresses(*args: Any, **kwargs: Any) -> Any:
+            return launch(*map(_address, args), **{k: _address(v) for k, v in kwargs.items()})
+
+        return with_addresses
+
+
+def _address(v: Any) -> Any:
+    return v.addresses(v[0].device if v else "cpu") if isinstance(v, Table) else v

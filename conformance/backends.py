@@ -65,14 +65,29 @@ def _checked_oracle(spec: KernelSpec) -> Any:
     if fn is None:
         return None
 
+    if spec.check_grid is not None:  # the kernel reads its grid: a launch passes it (Backend.launcher)
+
+        @functools.wraps(fn)
+        def gridded(*args: Any, grid: tuple[int, ...] | None = None, **kwargs: Any) -> Any:
+            a = spec.bind(args, kwargs)
+            grid = tuple(spec.grid(a)) if grid is None else tuple(grid)
+            spec.check(a, device=_device(a), grid=grid)
+            return fn(**a, grid=grid)
+
+        gridded.reads_grid = True  # type: ignore[attr-defined]
+        return gridded
+
     @functools.wraps(fn)
     def oracle(*args: Any, **kwargs: Any) -> Any:
         a = spec.bind(args, kwargs)  # as a launch binds: options dropped, unread placeholders set aside
-        cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in a.values())
-        spec.check(a, device="cuda" if cuda else "cpu")
+        spec.check(a, device=_device(a))
         return fn(**a)
 
     return oracle
+
+
+def _device(a: dict[str, Any]) -> str:
+    return "cuda" if any(isinstance(v, torch.Tensor) and v.is_cuda for v in a.values()) else "cpu"
 
 
 def _triton_mode() -> str:
@@ -104,7 +119,8 @@ def _cpu_unavailable() -> str | None:
 
 
 register_backend(Backend(ORACLE, _checked_oracle, lambda: "cpu", lambda: "oracle", gridless=True, validates=True))
-register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable, triton=True))
+register_backend(Backend("triton", _from_family("triton_impl"), _triton_device, _triton_mode, _triton_unavailable, triton=True,
+                         addresses=True))
 register_backend(Backend("cpu", _from_family("cpu_impl"), lambda: "cpu", lambda: "native", _cpu_unavailable, validates=True))
 
 
@@ -119,7 +135,7 @@ def _triton_split(spec: KernelSpec) -> Any:
 # The split-vocabulary layout of sample_recovered_tokens (triton_impl/rejection.py); the engine's
 # layout stays the "triton" backend's, with the engine's signature and grid.
 register_backend(Backend("triton-split", _triton_split, _triton_device, _triton_mode, _triton_unavailable, base="triton",
-                         triton=True))
+                         triton=True, addresses=True))
 
 # vLLM's own kernels and CPU port (conformance/engine), unavailable until a vLLM is named.
 for _engine_backend in engine.BACKENDS:

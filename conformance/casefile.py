@@ -21,6 +21,7 @@ from safetensors import safe_open
 
 import contracts
 from conformance.case import Case
+from contracts.spec import Table
 
 FAILURES_DIR = Path(os.environ.get("SPECDIFF_FAILURES", "reports/failures"))
 
@@ -30,7 +31,8 @@ FAILURES_DIR = Path(os.environ.get("SPECDIFF_FAILURES", "reports/failures"))
 # a view of one (dtype, byte offset, sizes, strides, negative and conjugate bits, requires_grad), so that aliased
 # arguments and strided views come back exactly. The metadata holds one key, "specdiff": the JSON
 # document {"format", "version", "kernel", "grid", "positional", "note", "meta", "args"}. An argument
-# is {"tensor": view}, {"int": n}, {"float": float.hex()}, {"bool": b}, {"none": null} or {"str": s};
+# is {"tensor": view}, {"table": [{"tensor": view}, ...]} (a pointer table's tensors), {"int": n},
+# {"float": float.hex()}, {"bool": b}, {"none": null} or {"str": s};
 # the fuzz's malformed launches add {"complex": [hex, hex]}, {"list": [arguments]}, {"ndarray": view}
 # and meta tensors (a view whose storage is null).
 CASE_FORMAT = "specdiff-case"
@@ -92,6 +94,8 @@ def save_case(case: Case, path: Path | None = None, meta: dict[str, Any] | None 
             return {"complex": [v.real.hex(), v.imag.hex()]}
         if isinstance(v, str):
             return {"str": v}
+        if isinstance(v, Table):
+            return {"table": [encode(x, name) for x in v]}
         if isinstance(v, list):
             return {"list": [encode(x, name) for x in v]}
         if isinstance(v, torch.Tensor):
@@ -189,7 +193,7 @@ def _is_int(v: Any, lo: int, hi: int) -> bool:
 
 def _value(v: Any, blobs: dict[str, torch.Tensor], views: dict[str, torch.Tensor], where: str, depth: int) -> Any:
     if not isinstance(v, dict) or len(v) != 1:
-        raise ValueError(f"{where} must be an object with one key (none, bool, int, float, complex, str, list, tensor, ndarray)")
+        raise ValueError(f"{where} must be an object with one key (none, bool, int, float, complex, str, list, table, tensor, ndarray)")
     ((kind, x),) = v.items()
     if kind == "none" and x is None:
         return None
@@ -209,6 +213,10 @@ def _value(v: Any, blobs: dict[str, torch.Tensor], views: dict[str, torch.Tensor
         if depth >= _MAX_DEPTH:
             raise ValueError(f"{where}: lists nested deeper than {_MAX_DEPTH}")
         return [_value(e, blobs, views, where, depth + 1) for e in x]
+    if kind == "table" and isinstance(x, list):
+        if not all(isinstance(e, dict) and list(e) == ["tensor"] for e in x):
+            raise ValueError(f"{where}: a table holds tensors only, each {{\"tensor\": view}}")
+        return Table(_value(e, blobs, views, f"{where}[{g}]", depth + 1) for g, e in enumerate(x))
     if kind in ("tensor", "ndarray"):
         key = f"{kind}:{json.dumps(x, sort_keys=True)}"
         if key not in views:

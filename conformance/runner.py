@@ -29,7 +29,7 @@ from conformance.backend import Backend
 from conformance.backends import BACKENDS, ORACLE
 from conformance.case import Case
 from conformance.casefile import save_in_flight
-from contracts.spec import KernelSpec, Kind, Role
+from contracts.spec import KernelSpec, Role, Table, tensors
 
 # The interpreter evaluates masked-off lanes too (a division by a zero q that is never used).
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
@@ -89,12 +89,18 @@ def copy_tensor(v: torch.Tensor, device: str) -> torch.Tensor:
 def copy_args(args: dict[str, Any], device: str) -> dict[str, Any]:
     """Copies every tensor to ``device``; parameters bound to one tensor stay aliased."""
     copies: dict[int, torch.Tensor] = {}
+
+    def copy(v: torch.Tensor) -> torch.Tensor:
+        if id(v) not in copies:
+            copies[id(v)] = copy_tensor(v, device)
+        return copies[id(v)]
+
     out = {}
     for k, v in args.items():
         if isinstance(v, torch.Tensor):
-            if id(v) not in copies:
-                copies[id(v)] = copy_tensor(v, device)
-            out[k] = copies[id(v)]
+            out[k] = copy(v)
+        elif isinstance(v, Table):
+            out[k] = Table(copy(t) if isinstance(t, torch.Tensor) else t for t in v)
         else:
             out[k] = v
     return out
@@ -159,16 +165,13 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
     _record(case, backend.name)
     kernel = backend.resolve(spec)
     args = copy_args(case.args, backend.device())
-    for p in spec.params:
-        v = args[p.name]
-        if p.role in (Role.OUT, Role.SCRATCH) and isinstance(v, torch.Tensor) and not _aliases_input(spec, args, p.name):
-            v.fill_(poison_value(v.dtype, variant))
-    before = {
-        p.name: copy_tensor(memory(args[p.name]), args[p.name].device.type)
-        for p in spec.params
-        if p.kind is Kind.PTR and p.role is Role.IN and isinstance(args[p.name], torch.Tensor)
-        and not any(args[o.name] is args[p.name] for o in spec.outputs)
-    }
+    every = tensors(spec, args)
+    written = {id(t) for _, p, t in every if p.is_output}
+    for _, p, t in every:
+        if p.role in (Role.OUT, Role.SCRATCH) and not _aliases_input(spec, args, p.name):
+            t.fill_(poison_value(t.dtype, variant))
+    before = {label: (t, copy_tensor(memory(t), t.device.type)) for label, p, t in every
+              if p.role is Role.IN and id(t) not in written}
     started = time.perf_counter()
     try:
         launch = backend.launcher(kernel, case.launch_grid())
@@ -183,11 +186,11 @@ def run_backend(backend: Backend, case: Case, variant: int = 0) -> Outcome:
         first, _, rest = str(e).strip().partition("\n")  # the hint joins the line reports quote
         return Outcome(error=f"{type(e).__name__}: {first}{_dtype_hint(spec, args, first)}\n{rest}\n{traceback.format_exc(limit=-3)}")
     LAUNCH_SECONDS[backend.name] += time.perf_counter() - started
-    for name, old in before.items():
-        if not torch.equal(bits(old), bits(memory(args[name]))):
+    for name, (t, old) in before.items():
+        if not torch.equal(bits(old), bits(memory(t))):
             return Outcome(error=f"modified its input '{name}' (inputs must stay unchanged, C27)")
     # args are this launch's own copies: keeping their outputs needs no further copy (.cpu() copies from a GPU).
-    return Outcome(outputs={p.name: args[p.name].cpu() for p in spec.outputs if isinstance(args[p.name], torch.Tensor)})
+    return Outcome(outputs={label: t.cpu() for label, p, t in every if p.role in (Role.OUT, Role.INOUT)})
 
 
 @dataclass(frozen=True)
@@ -381,15 +384,20 @@ def case_digest(case: Case, variant: int) -> bytes | None:
     (a tensor's dtype, geometry, aliasing and the bytes it spans); None for a tensor without data."""
     h = hashlib.blake2b(digest_size=20)
     h.update(f"{case.spec.name}|{variant}|{case.positional}|{case.launch_grid()}".encode())
-    tensors: dict[int, int] = {}
+    seen: dict[int, int] = {}
+    every = {label: t for label, _, t in tensors(case.spec, case.args)}
     for name in case.spec.arg_names:
         v = case.args[name]
-        if not isinstance(v, torch.Tensor):
+        if isinstance(v, Table):
+            h.update(f"|{name}=table of {len(v)}".encode())
+        elif isinstance(v, torch.Tensor):
+            every.setdefault(name, v)  # a tensor where a scalar belongs: refused, still told apart
+        else:
             h.update(f"|{name}={v!r}".encode())
-            continue
+    for name, v in every.items():
         if v.device.type == "meta":
             return None
-        alias = tensors.setdefault(id(v), len(tensors))
+        alias = seen.setdefault(id(v), len(seen))
         h.update(f"|{name}@{alias}:{v.dtype}:{tuple(v.shape)}:{v.stride()}:{v.storage_offset()}|".encode())
         # Copied into a fresh flat tensor: a strided column of 0 or 1 elements counts as contiguous, yet
         # keeps the stride that a byte view refuses.
@@ -421,7 +429,7 @@ def run_case(case: Case, backends: list[str], notes: list[Diff] | None = None) -
     """
     spec = case.spec
     try:
-        spec.check(case.args)
+        spec.check(case.args, grid=case.launch_grid())
     except (TypeError, ValueError) as e:
         outcomes = {b: _run(b, case, 0) for b in backends if BACKENDS[b].validates}
         bad = [Diff(b, "-", "accepted invalid input", detail=str(e)) for b, o in outcomes.items() if not _refused(o.error)]

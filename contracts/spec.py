@@ -91,6 +91,9 @@ class Param:
     # An output whose float64 values carry C29's float64 noise (each platform's float64 log):
     # backends agree within this relative tolerance (absolute below 1) there, exactly elsewhere.
     float64_rtol: float = 0.0
+    # A pointer table (Model Runner V2's block tables): the launch passes one tensor per KV-cache
+    # group, as a :class:`Table`; ``dtypes``, ``ndim`` and ``contiguous`` hold for each of them.
+    table: bool = False
     # A constexpr flag without which the kernel never reads this tensor: vLLM's call site then
     # passes a placeholder (another argument's tensor), so when the flag is off any value binds
     # as None.
@@ -105,6 +108,39 @@ class Param:
 
 def ptr(name: str, dtypes: tuple[torch.dtype, ...], call_site: torch.dtype, doc: str = "", **kw: Any) -> Param:
     return Param(name, Kind.PTR, dtypes=dtypes, call_site=call_site, doc=doc, **kw)
+
+
+def table(name: str, dtypes: tuple[torch.dtype, ...], call_site: torch.dtype, doc: str = "", **kw: Any) -> Param:
+    return Param(name, Kind.PTR, dtypes=dtypes, call_site=call_site, doc=doc, table=True, ndim=(2,), **kw)
+
+
+class Table(tuple):  # type: ignore[type-arg]
+    """The tensors behind a pointer table, one per KV-cache group, in group order.
+
+    vLLM passes a uint64 tensor of their ``data_ptr()``s (``BlockTables._make_ptr_tensor``) that its
+    kernels load and cast to pointers. An address can be neither checked, copied nor saved, so a
+    launch here passes the tensors: the Triton backends hand their kernels the addresses
+    (:meth:`addresses`), the oracle and the C++ port take the tensors.
+    """
+
+    def addresses(self, device: torch.device | str) -> torch.Tensor:
+        """The uint64 tensor of data pointers a Triton kernel loads, on ``device``."""
+        return torch.tensor([t.data_ptr() for t in self], dtype=torch.uint64, device=device)
+
+
+def tensors(spec: KernelSpec, a: Mapping[str, Any]) -> list[tuple[str, Param, torch.Tensor]]:
+    """Every tensor a launch passes, with its label and parameter: a pointer table's tensors are
+    ``name[g]``, in group order (as the runner keys their outputs)."""
+    out = []
+    for p in spec.params:
+        v = a[p.name]
+        if p.kind is not Kind.PTR:
+            continue
+        if isinstance(v, torch.Tensor):
+            out.append((p.name, p, v))
+        elif p.table and isinstance(v, tuple):
+            out.extend((f"{p.name}[{g}]", p, t) for g, t in enumerate(v) if isinstance(t, torch.Tensor))
+    return out
 
 
 def scalar(name: str, doc: str = "", **kw: Any) -> Param:
@@ -185,6 +221,11 @@ class KernelSpec:
     # (how a loop steps, how many steps are in flight) that no launch passes and no result depends
     # on. The signature gate accepts exactly these, and only where the kernel fills them.
     tuning: tuple[str, ...] = ()
+    # vLLM's kernel reads its grid: how many rows it writes comes from the grid's last axis, which no
+    # argument carries (MRV2's block-table gather pads rows up to it). The grid is then part of every
+    # launch: this refuses one outside the contract (a ValueError naming the grid), and the oracle
+    # takes it as a keyword ``grid``, the port's entry point the last axis as a trailing argument.
+    check_grid: Callable[[Mapping[str, Any], tuple[int, ...]], None] | None = None
     # The kernel's parameters in earlier vLLM releases, where they differ from the contract's: the
     # engine backends report such a release's kernel as a declared signature drift, not a failure.
     earlier: tuple[Earlier, ...] = ()
@@ -280,37 +321,20 @@ class KernelSpec:
             device = next((v.device.type for v in a.values() if isinstance(v, torch.Tensor)), "cpu")
         for p in self.params:
             v = a[p.name]
-            if p.kind is Kind.PTR:
+            if p.table:
+                if not isinstance(v, (tuple, list)):
+                    got = "a tensor (raw addresses cannot be checked)" if isinstance(v, torch.Tensor) else type(v).__name__
+                    raise TypeError(f"{self.name}: '{p.name}' must be a tuple of tensors, one per KV-cache group, got {got}")
+                for g, t in enumerate(v):
+                    self._check_tensor(p, f"{p.name}[{g}]", t, device)
+            elif p.kind is Kind.PTR:
                 if v is None:
                     if not p.optional:
                         raise TypeError(f"{self.name}: '{p.name}' must be a tensor, got None")
                     continue
                 if p.int_zero and isinstance(v, int) and not isinstance(v, bool) and v == 0:
                     continue
-                if not isinstance(v, torch.Tensor):
-                    raise TypeError(f"{self.name}: '{p.name}' must be a tensor, got {type(v).__name__}")
-                if v.dtype not in p.dtypes:
-                    allowed = ", ".join(str(d).removeprefix("torch.") for d in p.dtypes)
-                    raise TypeError(
-                        f"{self.name}: '{p.name}' must have dtype {allowed}, got {str(v.dtype).removeprefix('torch.')}"
-                    )
-                if v.device.type != device:
-                    raise ValueError(f"{self.name}: '{p.name}' must be on {device}, got {v.device}")
-                if v.layout is not torch.strided:
-                    raise TypeError(f"{self.name}: '{p.name}' must be a strided (dense) tensor, got layout {v.layout}")
-                if v.is_neg() or v.is_conj():
-                    # A lazy view: its memory holds the values before negation or conjugation.
-                    raise TypeError(f"{self.name}: '{p.name}' must not be a negative or conjugate view (resolve it first)")
-                if p.is_output and v.requires_grad:
-                    raise TypeError(f"{self.name}: '{p.name}' is written by the kernel and must not require grad")
-                if v.numel() and device == "cpu" and _data_ptr(v) == 0:
-                    raise TypeError(f"{self.name}: '{p.name}' has no data (a null data pointer: a fake or meta tensor?)")
-                if v.dim() not in p.ndim:
-                    raise ValueError(f"{self.name}: '{p.name}' must have {_dims(p.ndim)}, got shape {tuple(v.shape)}")
-                if p.contiguous and not v.is_contiguous():
-                    raise ValueError(f"{self.name}: '{p.name}' must be contiguous")
-                if not p.contiguous and v.dim() > 1 and v.stride(-1) != 1:
-                    raise ValueError(f"{self.name}: '{p.name}' must have unit inner stride")
+                self._check_tensor(p, p.name, v, device)
             elif p.kind is Kind.CONSTEXPR and p.name.isupper() and not p.dtypes:
                 if not isinstance(v, (bool, int)):
                     raise TypeError(f"{self.name}: '{p.name}' must be a bool or int, got {type(v).__name__}")
@@ -325,30 +349,60 @@ class KernelSpec:
                 raise ValueError(f"{self.name}: '{f.constexpr}' must be {f.meaning}")
         self.check_overlap(a)
 
+    def _check_tensor(self, p: Param, name: str, v: Any, device: str) -> None:
+        """One tensor argument (or a pointer table's ``name[g]``) against ``p``'s type-level contract."""
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{self.name}: '{name}' must be a tensor, got {type(v).__name__}")
+        if v.dtype not in p.dtypes:
+            allowed = ", ".join(str(d).removeprefix("torch.") for d in p.dtypes)
+            raise TypeError(
+                f"{self.name}: '{name}' must have dtype {allowed}, got {str(v.dtype).removeprefix('torch.')}"
+            )
+        if v.device.type != device:
+            raise ValueError(f"{self.name}: '{name}' must be on {device}, got {v.device}")
+        if v.layout is not torch.strided:
+            raise TypeError(f"{self.name}: '{name}' must be a strided (dense) tensor, got layout {v.layout}")
+        if v.is_neg() or v.is_conj():
+            # A lazy view: its memory holds the values before negation or conjugation.
+            raise TypeError(f"{self.name}: '{name}' must not be a negative or conjugate view (resolve it first)")
+        if p.is_output and v.requires_grad:
+            raise TypeError(f"{self.name}: '{name}' is written by the kernel and must not require grad")
+        if v.numel() and device == "cpu" and _data_ptr(v) == 0:
+            raise TypeError(f"{self.name}: '{name}' has no data (a null data pointer: a fake or meta tensor?)")
+        if v.dim() not in p.ndim:
+            raise ValueError(f"{self.name}: '{name}' must have {_dims(p.ndim)}, got shape {tuple(v.shape)}")
+        if p.contiguous and not v.is_contiguous():
+            raise ValueError(f"{self.name}: '{name}' must be contiguous")
+        if not p.contiguous and v.dim() > 1 and v.stride(-1) != 1:
+            raise ValueError(f"{self.name}: '{name}' must have unit inner stride")
+
     def check_overlap(self, a: Mapping[str, Any]) -> None:
         """C31: a written parameter shares no byte with any other tensor argument, except the one
         its ``may_alias`` names, and that one only as the same elements (:func:`same_elements`:
         element i of one is element i of the other, as vLLM's two slices of one buffer are). A kernel
         validates its inputs and then reads them again; an output over an input at other indices
         would change what was validated, and what another program reads."""
-        spans = [(p, byte_span(a[p.name])) for p in self.params if p.kind is Kind.PTR and isinstance(a[p.name], torch.Tensor)]
-        for i, (p, (lo, hi)) in enumerate(spans):
-            for q, (lo2, hi2) in spans[i + 1:]:
+        spans = [(label, p, t, byte_span(t)) for label, p, t in tensors(self, a)]
+        for i, (label, p, t, (lo, hi)) in enumerate(spans):
+            for label2, q, t2, (lo2, hi2) in spans[i + 1:]:
                 if not ((p.is_output or q.is_output) and lo < hi2 and lo2 < hi):
                     continue
-                declared = p.may_alias == q.name or q.may_alias == p.name
+                declared = p is not q and (p.may_alias == q.name or q.may_alias == p.name)
                 if not declared:
-                    raise ValueError(f"{self.name}: '{q.name}' overlaps '{p.name}' in memory, and "
-                                     f"'{(p if p.is_output else q).name}' is written (only declared aliases may share memory)")
-                if not same_elements(a[p.name], a[q.name]):
-                    raise ValueError(f"{self.name}: '{q.name}' may alias '{p.name}' only as the same elements (the same "
+                    raise ValueError(f"{self.name}: '{label2}' overlaps '{label}' in memory, and "
+                                     f"'{label if p.is_output else label2}' is written (only declared aliases may share memory)")
+                if not same_elements(t, t2):
+                    raise ValueError(f"{self.name}: '{label2}' may alias '{label}' only as the same elements (the same "
                                      "first element, dtype, shape and strides), not another view of its memory")
 
-    def check(self, a: Mapping[str, Any], device: str | None = "cpu") -> None:
-        """The whole contract: types, then the kernel's value-level preconditions."""
+    def check(self, a: Mapping[str, Any], device: str | None = "cpu", grid: tuple[int, ...] | None = None) -> None:
+        """The whole contract: types, then the kernel's value-level preconditions, then the grid
+        where the kernel reads it (``check_grid``; None: the canonical grid)."""
         self.check_types(a, device)
         self.check_scalars(a)
         self.preconditions(a)
+        if self.check_grid is not None:
+            self.check_grid(a, tuple(self.grid(a)) if grid is None else tuple(grid))
 
     def check_scalars(self, a: Mapping[str, Any]) -> None:
         """Scalars and constexprs cross into a kernel as 64-bit integers (Triton's ABI and the C++

@@ -24,8 +24,22 @@ DTYPE_CODES = {torch.int32: 0, torch.int64: 1, torch.float32: 2, torch.float64: 
 _LAUNCHED = _C.Launcher.LAUNCHED
 
 
+# The keys of a launch's grid among the bound arguments, for a kernel that reads its grid (its axes
+# 0 and 1): no parameter is named so.
+GRID = ("grid x", "grid y")
+
+
+def _grid_axes(grid: Any) -> tuple[int, int]:
+    """The first two axes of a launch grid (a tuple of one to three ints, or an int; a missing axis is 1)."""
+    dims = (grid,) if isinstance(grid, int) else tuple(grid)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in dims):
+        raise ValueError(f"must be one to three non-negative ints, got {grid!r}")
+    return dims[0], dims[1] if len(dims) > 1 else 1
+
+
 def buf(t: torch.Tensor | None) -> tuple[int, int, int] | None:
-    """A tensor as the C++ side's Buffer, (data_ptr, dtype code, numel); None for no tensor."""
+    """A tensor as the C++ side's Buffer, (data_ptr, dtype code, numel); None for no tensor (a pointer
+    table's tensors reach it as Strided tuples, (data_ptr, dtype code, numel, rows, columns, row stride))."""
     if not isinstance(t, torch.Tensor):
         return None
     return (t.data_ptr(), DTYPE_CODES[t.dtype], t.numel())
@@ -76,18 +90,36 @@ class CpuKernel:
         self.constexprs = list(spec.constexprs)
         # The type-level contract as the C++ launcher reads it (csrc/launch.cpp), one tuple per
         # parameter: (name, is a tensor, may be None, the integer 0 means no tensor,
-        # {dtype: C++ dtype code}, must be contiguous, allowed ranks, is written, may alias).
+        # {dtype: C++ dtype code}, must be contiguous, allowed ranks, is written, may alias, is a
+        # pointer table).
         plan = [(p.name, p.kind is Kind.PTR, p.optional, p.int_zero, {d: DTYPE_CODES[d] for d in p.dtypes}, p.contiguous, p.ndim,
-                 p.is_output, p.may_alias) for p in spec.params]
+                 p.is_output, p.may_alias, p.table) for p in spec.params]
+        if spec.check_grid is not None:  # the kernel reads its grid: the entry point's last two arguments
+            plan += [(axis, False, False, False, {}, True, (), False, "", False) for axis in GRID]
         flags = [(f.constexpr, f.tensor, f.expect) for f in spec.flags]
         self._launcher = _C.Launcher(family, self._entry_name, plan, flags, torch.Tensor, self._module, check, entry)
 
-    def __getitem__(self, grid: Any) -> CpuKernel:
-        # The iteration space comes from the arguments, never from the grid (§1.11).
-        return self
+    def __getitem__(self, grid: Any) -> Any:
+        # The iteration space comes from the arguments, never from the grid (§1.11), but for a
+        # kernel that reads its grid (KernelSpec.check_grid).
+        if self.spec.check_grid is None:
+            return self
+        return lambda *args, **kwargs: self._launch(self.spec.bind(args, kwargs), grid)
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        bound = self.spec.bind(args, kwargs)
+        self._launch(self.spec.bind(args, kwargs), None)
+
+    def _launch(self, bound: Args, grid: Any) -> None:
+        if self.spec.check_grid is not None:
+            try:
+                grid = self.spec.grid(bound) if grid is None else grid(bound) if callable(grid) else grid
+                axes = _grid_axes(grid)
+            except Exception as e:  # the arguments' own refusal first: a grid from bad arguments is bad too
+                self.spec.check_types(bound)
+                self.spec.check_scalars(bound)
+                self.spec.preconditions(bound)
+                raise ValueError(f"{self.spec.name}: 'grid' {e}") from None
+            bound = {**bound, **dict(zip(GRID, axes))}
         # Checked against the contract, converted and run in C++ (csrc/launch.cpp).
         if self._launcher.run(bound) != _LAUNCHED:
             self._refused(bound)

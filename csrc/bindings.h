@@ -18,7 +18,8 @@ namespace py = pybind11;
   static void define_##NAME(::pybind11::module_& m)
 
 // A Buffer arrives from Python as a (data_ptr, dtype code, numel) tuple, or None for an absent
-// optional tensor; a Strided as (data_ptr, dtype code, numel, rows, cols, row_stride) (see
+// optional tensor; a Strided as (data_ptr, dtype code, numel, rows, cols, row_stride); a Table as a
+// tuple of Strided tuples (see
 // CpuKernel.convert, cpu_impl/launcher.py).
 namespace pybind11::detail {
 template <>
@@ -61,5 +62,21 @@ struct type_caster<specdiff::Strided> {
     return true;
   }
   static handle cast(const specdiff::Strided&, return_value_policy, handle) { return none().release(); }
+};
+template <>
+struct type_caster<specdiff::Table> {
+  PYBIND11_TYPE_CASTER(specdiff::Table, const_name("Table"));
+  // A tuple or list of Strided tuples, one per KV-cache group.
+  bool load(handle src, bool convert) {
+    if (!PyTuple_Check(src.ptr()) && !PyList_Check(src.ptr())) return false;
+    value.clear();
+    for (const handle item : reinterpret_borrow<sequence>(src)) {
+      make_caster<specdiff::Strided> one;
+      if (!one.load(item, convert)) return false;
+      value.push_back(cast_op<specdiff::Strided>(one));
+    }
+    return true;
+  }
+  static handle cast(const specdiff::Table&, return_value_policy, handle) { return none().release(); }
 };
 }  // namespace pybind11::detail

@@ -94,8 +94,8 @@ class Launcher {
     if (static_cast<std::size_t>(py::len(plan)) != entry_.arity)
       throw py::value_error(family + "." + name + " takes " + std::to_string(entry_.arity) + " arguments, the plan has " +
                             std::to_string(py::len(plan)));
-    // (name, is_ptr, optional, int_zero, {dtype: code}, contiguous, ranks, written, may alias):
-    // cpu_impl/launcher.py.
+    // (name, is_ptr, optional, int_zero, {dtype: code}, contiguous, ranks, written, may alias,
+    // table): cpu_impl/launcher.py.
     for (const py::handle item : plan) {
       const auto t = item.cast<py::tuple>();
       Param p;
@@ -110,6 +110,7 @@ class Launcher {
       for (const py::handle r : t[6]) p.ranks |= 1u << r.cast<unsigned>();
       p.written = t[7].cast<bool>();
       p.may_alias = t[8].cast<std::string>();
+      p.table = t[9].cast<bool>();
       params_.push_back(std::move(p));
     }
     for (std::size_t i = 0; i < params_.size(); ++i)
@@ -118,7 +119,7 @@ class Launcher {
     // snapshot(): read-only contiguous tensors no written parameter may alias, decided once here.
     for (std::size_t i = 0; i < params_.size(); ++i) {
       Param& p = params_[i];
-      p.copied = p.ptr && !p.written && p.contiguous && p.alias == SIZE_MAX;
+      p.copied = p.ptr && !p.table && !p.written && p.contiguous && p.alias == SIZE_MAX;
       for (const Param& q : params_) p.copied = p.copied && q.alias != i;
     }
     native_ = module_.attr(entry_name_);
@@ -173,7 +174,7 @@ class Launcher {
  private:
   struct Param {
     py::str name;
-    bool ptr = false, optional = false, int_zero = false, contiguous = true, written = false;
+    bool ptr = false, optional = false, int_zero = false, contiguous = true, written = false, table = false;
     bool copied = false;             // an integer tensor of it is copied before the entry point reads it
     std::string may_alias;           // the one parameter this one may be (the same tensor object)
     std::size_t alias = SIZE_MAX;    // its index
@@ -190,16 +191,26 @@ class Launcher {
 
   // C31 (KernelSpec.check_overlap): a written tensor shares no byte with another tensor argument,
   // unless the contract declares the pair and both are the same elements (contracts.spec.same_elements).
+  // A pointer table's tensors count one by one, as the table's parameter.
   bool overlapping(const py::dict& bound, const std::vector<Arg>& args) const {
+    std::vector<std::pair<std::size_t, const Strided*>> all;  // (parameter, tensor)
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto [lo, hi] = span(args[i].tensor);
+      if (params_[i].table)
+        for (const Strided& t : args[i].table) all.emplace_back(i, &t);
+      else
+        all.emplace_back(i, &args[i].tensor);
+    }
+    for (std::size_t a = 0; a < all.size(); ++a) {
+      const auto [i, ti] = all[a];
+      const auto [lo, hi] = span(*ti);
       if (lo == hi) continue;
-      for (std::size_t j = i + 1; j < params_.size(); ++j) {
+      for (std::size_t b = a + 1; b < all.size(); ++b) {
+        const auto [j, tj] = all[b];
         if (!params_[i].written && !params_[j].written) continue;
-        const auto [lo2, hi2] = span(args[j].tensor);
+        const auto [lo2, hi2] = span(*tj);
         if (!(lo < hi2 && lo2 < hi)) continue;
-        const bool declared = params_[i].alias == j || params_[j].alias == i;
-        if (!declared || !same_elements(args[i].tensor, args[j].tensor)) return true;
+        const bool declared = i != j && (params_[i].alias == j || params_[j].alias == i);
+        if (!declared || !same_elements(*ti, *tj)) return true;
       }
     }
     return false;
@@ -286,6 +297,19 @@ class Launcher {
         return true;
       }
     }
+    if (p.table) {  // a tuple or list of tensors, one per KV-cache group (never raw addresses)
+      if (!PyTuple_Check(v) && !PyList_Check(v)) return false;
+      const py::sequence items = py::reinterpret_borrow<py::sequence>(v);
+      out.table.resize(static_cast<std::size_t>(py::len(items)));
+      for (std::size_t g = 0; g < out.table.size(); ++g)
+        if (!tensor(p, items[g].ptr(), out.table[g])) return false;
+      return true;
+    }
+    return tensor(p, v, out.tensor);
+  }
+
+  // One tensor argument, or one of a pointer table's; false: refused.
+  bool tensor(const Param& p, PyObject* v, Strided& out) const {
     const int is_tensor = PyObject_IsInstance(v, tensor_type_.ptr());
     if (is_tensor < 0) throw py::error_already_set();
     if (is_tensor == 0) return false;
@@ -315,28 +339,34 @@ class Launcher {
     // A table with an explicit row stride (a Strided) need only have unit inner stride; a strided
     // 1-D tensor is rows of one element.
     if (!p.contiguous && !contiguous && dim > 1 && call_int(v, s_stride_, -1) != 1) return false;
-    out.tensor.data = Buffer{static_cast<std::uintptr_t>(as_int64(own(data_ptr_.of(v)).ptr())), code, numel};
-    if (numel != 0 && out.tensor.data.ptr == 0) return false;
+    out.data = Buffer{static_cast<std::uintptr_t>(as_int64(own(data_ptr_.of(v)).ptr())), code, numel};
+    if (numel != 0 && out.data.ptr == 0) return false;
     // A 2-D Strided parameter keeps its rows even when contiguous (a kernel may take its row count
-    // from the tensor, as vLLM's grid logits.shape[0] * S does): the same elements as one run.
-    if (contiguous && (p.contiguous || dim != 2)) {  // one run of numel elements (_checks.py: geometry)
-      out.tensor.rows = 1;
-      out.tensor.cols = numel;
-      out.tensor.row_stride = numel;
+    // from the tensor, as vLLM's grid logits.shape[0] * S does): the same elements as one run. So
+    // does a pointer table's (contiguous) block table: rows of its width.
+    if (p.table && dim == 2) {
+      out.rows = as_int64(PyTuple_GET_ITEM(shape.ptr(), 0));
+      out.cols = as_int64(PyTuple_GET_ITEM(shape.ptr(), 1));
+      out.row_stride = out.cols;
+    } else if (contiguous && (p.contiguous || dim != 2)) {  // one run of numel elements (_checks.py: geometry)
+      out.rows = 1;
+      out.cols = numel;
+      out.row_stride = numel;
     } else if (dim == 1) {  // a strided column: rows of one element (_checks.py: geometry)
-      out.tensor.rows = numel;
-      out.tensor.cols = 1;
-      out.tensor.row_stride = call_int(v, s_stride_, 0);
+      out.rows = numel;
+      out.cols = 1;
+      out.row_stride = call_int(v, s_stride_, 0);
     } else {  // 2-D with unit inner stride (Param.contiguous=False)
-      out.tensor.rows = as_int64(PyTuple_GET_ITEM(shape.ptr(), 0));
-      out.tensor.cols = as_int64(PyTuple_GET_ITEM(shape.ptr(), 1));
-      out.tensor.row_stride = call_int(v, s_stride_, 0);
+      out.rows = as_int64(PyTuple_GET_ITEM(shape.ptr(), 0));
+      out.cols = as_int64(PyTuple_GET_ITEM(shape.ptr(), 1));
+      out.row_stride = call_int(v, s_stride_, 0);
     }
     return true;
   }
 
   // What the Python entry point takes: None, (ptr, code, numel), (ptr, code, numel, rows,
-  // cols, row stride) for a Strided parameter, and scalars as the launch gave them.
+  // cols, row stride) for a Strided parameter, a tuple of those for a pointer table, and scalars
+  // as the launch gave them.
   py::tuple python_args(const py::dict& bound, const std::vector<Arg>& args) const {
     py::tuple out(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -344,6 +374,13 @@ class Launcher {
       const Strided& t = args[i].tensor;
       if (!p.ptr) {
         out[i] = bound[p.name];
+      } else if (p.table) {
+        py::tuple items(args[i].table.size());
+        for (std::size_t g = 0; g < args[i].table.size(); ++g) {
+          const Strided& e = args[i].table[g];
+          items[g] = py::make_tuple(e.data.ptr, e.data.dtype, e.data.numel, e.rows, e.cols, e.row_stride);
+        }
+        out[i] = items;
       } else if (!t.data.present()) {
         out[i] = py::none();
       } else if (p.contiguous) {

@@ -22,12 +22,16 @@ class module_;
 
 namespace specdiff {
 
-// One converted argument: a tensor (its Buffer, and the row geometry a Strided parameter needs)
-// or an integer (scalars and constexpr flags).
+// A pointer table's tensors (Param.table: one per KV-cache group), each a 2-D Strided.
+using Table = std::vector<Strided>;
+
+// One converted argument: a tensor (its Buffer, and the row geometry a Strided parameter needs),
+// a pointer table, or an integer (scalars and constexpr flags).
 struct Arg {
   Strided tensor;
   std::int64_t value;
   double real;  // a float scalar (Param.dtypes == (float32,)): Triton passes it as float32
+  Table table;
 };
 
 template <class T>
@@ -41,6 +45,11 @@ template <>
 struct ArgAs<Strided> {
   static constexpr const char* name = "Strided";  // as Python sees it
   static Strided get(const Arg& a) { return a.tensor; }
+};
+template <>
+struct ArgAs<Table> {
+  static constexpr const char* name = "Table";  // as Python sees it
+  static const Table& get(const Arg& a) { return a.table; }
 };
 template <>
 struct ArgAs<std::int64_t> {
@@ -61,7 +70,7 @@ struct ArgAs<bool> {
 struct Entry {
   void (*invoke)(const Arg*);
   std::size_t arity;
-  const char* const* types;  // each argument's type as Python sees it: Buffer, Strided, int, float, bool
+  const char* const* types;  // each argument's type as Python sees it: Buffer, Strided, Table, int, float, bool
 };
 
 // "<family>.<name>" -> entry point; filled while the module initialises, read-only afterwards.

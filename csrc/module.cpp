@@ -12,7 +12,7 @@ void register_launcher(py::module_& m);
 namespace {
 
 // One argument as the kernel units' type named ``type`` takes it (launch.h: ArgAs<T>::name), through
-// pybind11's casters (bindings.h for Buffer and Strided), converting as m.def's dispatch did.
+// pybind11's casters (bindings.h for Buffer, Strided and Table), converting as m.def's dispatch did.
 template <class T>
 T load(const std::string& qual, std::size_t i, const char* type, PyObject* v) {
   py::detail::make_caster<T> caster;
@@ -28,6 +28,8 @@ Arg convert(const std::string& qual, std::size_t i, const char* type, PyObject* 
     a.tensor.data = load<Buffer>(qual, i, type, v);
   else if (t == "Strided")
     a.tensor = load<Strided>(qual, i, type, v);
+  else if (t == "Table")
+    a.table = load<Table>(qual, i, type, v);
   else if (t == "int")
     a.value = load<std::int64_t>(qual, i, type, v);
   else if (t == "float")

@@ -9,11 +9,13 @@ import pytest
 import torch
 from hypothesis import settings
 
+import contracts
 from compositions.sampler import launch
 from conformance import engine
 from conformance.backends import BACKENDS as REGISTERED
 from conformance.engine.source import cache_dir
 from conformance.profiles import chosen
+from contracts.spec import Table
 
 
 def vllm_spec() -> str | None:
@@ -59,14 +61,20 @@ def run(backend: str, kernel: str, grid: tuple[int, ...], **args: Any) -> dict[s
 
 def refused(backend: str, kernel: str, args: dict[str, Any], error: type[Exception], *names: str) -> None:
     """The launch raises ``error`` naming every one of ``names``, and changes no tensor."""
-    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.layout is torch.strided
-              and v.untyped_storage().data_ptr()}
+    every = {f"{k}[{g}]": t for k, v in args.items() if isinstance(v, Table) for g, t in enumerate(v)}
+    every |= {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {k: v.clone() for k, v in every.items() if v.layout is torch.strided and v.untyped_storage().data_ptr()}
+    spec = contracts.get(kernel)
+    try:  # a kernel that reads its grid gets the canonical one: the refusal is the argument's
+        grid = tuple(spec.grid(args)) if spec.check_grid is not None else (1,)
+    except Exception:
+        grid = (1,)
     with pytest.raises(error) as e:
-        run(backend, kernel, (1,), **args)
+        run(backend, kernel, grid, **args)
     for n in names:
         assert f"'{n}'" in str(e.value), str(e.value)
     for k, v in before.items():
-        same = torch.equal(args[k], v) or (v.dtype.is_floating_point and torch.allclose(args[k], v, rtol=0, atol=0, equal_nan=True))
+        same = torch.equal(every[k], v) or (v.dtype.is_floating_point and torch.allclose(every[k], v, rtol=0, atol=0, equal_nan=True))
         assert same, f"{k} changed on a refused launch"
 
 

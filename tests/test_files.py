@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from conformance.case import Case
 from conformance.casefile import load_case, save_case
+from contracts.spec import Table
 
 KERNEL = "rejection_greedy_sample_kernel"
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +125,15 @@ def test_a_missing_file_or_foreign_safetensors_file_is_named(tmp_path):
         load_case(other)
 
 
+def test_a_pointer_table_comes_back_as_its_tensors(tmp_path):
+    wide = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    args = {"t": Table((wide, wide[:, 1:], torch.zeros((2, 0), dtype=torch.int32))), "w": wide}
+    got = load_case(save_case(Case(KERNEL, args), tmp_path / "t.safetensors")).args
+    assert isinstance(got["t"], Table) and len(got["t"]) == 3
+    assert got["t"][0] is got["w"] and torch.equal(got["t"][1], wide[:, 1:]) and got["t"][1].stride() == (4, 1)
+    assert got["t"][2].shape == (2, 0)
+
+
 def _set(field, value):
     def change(doc, blobs):
         where = doc
@@ -163,6 +173,8 @@ _A = ("args", "a", "tensor")
     (_set(("args", "n"), {"float": "zz"}), "not a float"),
     (_set(("args", "n"), {"code": "print()"}), "'code'"),
     (_set(("args", "n"), 3), "one key"),
+    (_set(("args", "n"), {"table": [{"int": 1}]}), "a table holds tensors only"),
+    (_set(("args", "n"), {"table": [{"table": []}]}), "a table holds tensors only"),
     (_set(("args",), []), "'args' must be a dict"),
 ])
 def test_a_malformed_document_is_a_value_error_naming_the_file_and_the_field(tmp_path, change, message):

@@ -25,7 +25,10 @@ def test_signatures_match_the_triton_kernel_and_the_oracle(spec):
         assert BACKENDS["triton"].resolve(spec) is None
     else:
         assert list(BACKENDS["triton"].resolve(spec).arg_names) == names + list(spec.tuning)  # tuning: filled by heuristics
-    assert list(inspect.signature(BACKENDS["reference"].resolve(spec)).parameters) == names
+    # A kernel that reads its grid (KernelSpec.check_grid): the oracle takes it by keyword only.
+    oracle = inspect.signature(BACKENDS["reference"].resolve(spec)).parameters
+    assert list(oracle) == names + ["grid"] * (spec.check_grid is not None)
+    assert spec.check_grid is None or oracle["grid"].kind is inspect.Parameter.KEYWORD_ONLY
     cpu = _cpu(spec)
     assert list(inspect.signature(cpu).parameters) == names  # vLLM's registry calls it by keyword then
     assert cpu.arg_names == names and cpu.constexprs == list(spec.constexprs)

@@ -318,6 +318,12 @@ def _interpreted_nan_probs(spec: KernelSpec, a: Any) -> bool:
 TRITON_CAPABILITIES = (
     LATER_RULE,
     Capability(
+        "context parallelism, interpreted", ("_compute_slot_mappings_kernel",),
+        lambda spec, a: triton_mode() == "interpreted" and a["CP_SIZE"] != 1,
+        "0.33.0's MRV2 slot mapping under CP_SIZE > 1 masks a load with a block & a scalar bool (is_local & is_real_req); "
+        "the interpreter's & of those is no mask dtype ('mask has unsupported dtype'): compiled only",
+    ),
+    Capability(
         "integer dtypes off the call site", None, lambda spec, a: not spec.host and _off_call_site_ints(spec, a),
         "0.33.0's rejection kernels give one variable int32 and int64 types in two branches; compiled Triton refuses that",
     ),
@@ -341,7 +347,7 @@ TRITON_CAPABILITIES = (
 # Registered by conformance.backends, after the built-in backends.
 BACKENDS = (
     Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {triton_mode()}", lambda: _unavailable(False),
-            engine=True, capabilities=TRITON_CAPABILITIES),
+            engine=True, capabilities=TRITON_CAPABILITIES, addresses=True),
     Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
             engine=True, capabilities=CPU_CAPABILITIES, launch_options=False, lists=_cpu_lists),
 )

@@ -47,7 +47,7 @@ from conformance.case import Case
 from conformance.casefile import FAILURES_DIR, save_in_flight
 from conformance.profiles import PROFILES, chosen
 from conformance.runner import Disagreement, copy_args, run_case
-from contracts.spec import KernelSpec, Kind, Role
+from contracts.spec import KernelSpec, Kind, Role, Table
 
 # Malformed launches per profile, over all kernels (each launched on every validating backend).
 BUDGET = {"dev": 1000, "ci": 5000, "nightly": 50000}
@@ -115,6 +115,25 @@ def none_for_tensor(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tup
     n = draw(st.sampled_from(names))
     a[n] = None
     return "None for a required tensor", n, "None"
+
+
+def bad_table(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
+    """A pointer table (Param.table) as vLLM's raw addresses, short a group, or with one tensor of
+    another dtype."""
+    names = [p.name for p in spec.params if p.table and isinstance(a[p.name], Table)]
+    if not names:
+        return None
+    n = draw(st.sampled_from(names))
+    how = draw(st.sampled_from(["addresses", "short", "dtype"]))
+    if how == "short" and len(a[n]):
+        a[n] = Table(a[n][:-1])
+    elif how == "dtype" and len(a[n]):
+        g = draw(st.integers(0, len(a[n]) - 1))
+        a[n] = Table(t.to(torch.int64) if i == g else t for i, t in enumerate(a[n]))
+    else:
+        a[n] = a[n].addresses("cpu")
+        how = "addresses"
+    return "bad pointer table", n, how
 
 
 def not_a_tensor(draw: st.DrawFn, spec: KernelSpec, a: dict[str, Any]) -> tuple[str, str, str] | None:
@@ -371,6 +390,7 @@ KINDS: dict[str, Apply] = {
     "None for a required tensor": none_for_tensor,
     "not a tensor": not_a_tensor,
     "wrong device": wrong_device,
+    "bad pointer table": bad_table,
 }
 # Kinds that cannot apply to a kernel, judged from its contract alone.
 APPLIES: dict[str, Callable[[KernelSpec], bool]] = {
@@ -381,6 +401,7 @@ APPLIES: dict[str, Callable[[KernelSpec], bool]] = {
     "wrong scalar type": lambda spec: any(p.kind is not Kind.PTR for p in spec.params),
     "overflowing product": lambda spec: sum(p.kind is not Kind.PTR for p in spec.params) >= 2,
     "output requires grad": lambda spec: any(p.is_output and any(d.is_floating_point for d in p.dtypes) for p in spec.params),
+    "bad pointer table": lambda spec: any(p.table for p in spec.params),
 }
 
 # Known gaps, as data: (kernel, kind, parameter) -> the finding. The fuzz does not generate these
@@ -474,7 +495,10 @@ def guarded(args: dict[str, Any], guard: int, seed: int = 0) -> Guarded:
     out = Guarded({})
     pad = guard * 8
     by_storage: dict[int, list[tuple[str, torch.Tensor]]] = {}
-    for name, v in args.items():
+    # A pointer table's tensors are guarded one by one, as 'name[g]'.
+    every = [(f"{k}[{g}]", t) for k, v in args.items() if isinstance(v, Table) for g, t in enumerate(v)]
+    every += [(k, v) for k, v in args.items() if not isinstance(v, Table)]
+    for name, v in every:
         if not isinstance(v, torch.Tensor) or v.device.type != "cpu" or _unguardable(v):
             out.args[name] = v
             continue
@@ -497,6 +521,9 @@ def guarded(args: dict[str, Any], guard: int, seed: int = 0) -> Guarded:
                 made[id(v)] = (torch._neg_view(view) if v.is_neg() else view).requires_grad_(v.requires_grad)
             out.args[name] = made[id(v)]
         out.buffers.append((" / ".join(n for n, _ in views), base, base.clone(), pad, pad + end))
+    for k, v in args.items():
+        if isinstance(v, Table):
+            out.args[k] = Table(out.args.pop(f"{k}[{g}]") for g in range(len(v)))
     return out
 
 
@@ -529,13 +556,26 @@ def validating_backends(spec: KernelSpec) -> list[str]:
             and be.device() == "cpu"]
 
 
-_NAMED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+_NAMED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)(?:\[\d+\])?'")  # a pointer table's tensor: 'name[g]'
 
 
-def verdict(spec: KernelSpec, args: dict[str, Any]) -> BaseException | None:
+def launch_grid(spec: KernelSpec, case: Case, args: dict[str, Any]) -> tuple[int, ...]:
+    """The grid a malformed launch runs under: the case's, for a kernel that reads its grid (the
+    canonical one where the arguments give it), else (1,): every other port ignores the grid."""
+    if spec.check_grid is None:
+        return (1,)
+    if case.grid is not None:
+        return case.grid
+    try:
+        return tuple(spec.grid(args))
+    except Exception:  # malformed beyond a grid: the contract refuses it by its arguments
+        return (1,)
+
+
+def verdict(spec: KernelSpec, args: dict[str, Any], grid: tuple[int, ...] = (1,)) -> BaseException | None:
     """The contract's judgement: None when the launch is in contract, else the exception."""
     try:
-        spec.check(args)
+        spec.check(args, grid=grid)
     except (TypeError, ValueError) as e:
         return e
     except Exception as e:  # the contract's own check failed on malformed input: a harness bug
@@ -545,7 +585,7 @@ def verdict(spec: KernelSpec, args: dict[str, Any]) -> BaseException | None:
 
 def launch(backend: str, spec: KernelSpec, case: Case, args: dict[str, Any]) -> None:
     b = BACKENDS[backend]
-    kernel = b.launcher(b.resolve(spec), (1,))
+    kernel = b.launcher(b.resolve(spec), launch_grid(spec, case, args))
     if case.positional:
         kernel(*[args[n] for n in spec.arg_names])
     else:
@@ -556,7 +596,7 @@ def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Pat
     """Checks one malformed case; returns True when the contract rejected it (a malformed launch),
     False when it turned out valid (then the backends must agree). Raises BadInputFailure."""
     spec = m.case.spec
-    rejected = verdict(spec, m.case.args)
+    rejected = verdict(spec, m.case.args, launch_grid(spec, m.case, m.case.args))
     if rejected is None:
         try:
             run_case(m.case, [ORACLE, *[b for b in backends if b != ORACLE]])
@@ -578,7 +618,7 @@ def check_malformed(m: Malformed, backends: list[str], guard: int, inflight: Pat
         try:
             launch(b, spec, m.case, gd.args)
         except (TypeError, ValueError) as e:
-            named = set(_NAMED.findall(str(e))) & set(spec.arg_names)
+            named = set(_NAMED.findall(str(e))) & {*spec.arg_names, *["grid"] * (spec.check_grid is not None)}
             if not named:
                 raise BadInputFailure(f"{spec.name} on {b}: {type(e).__name__} does not name a parameter: {e}\n  malformation: {m.case.note}"
                                       f"\n  the contract says: {rejected}") from None

@@ -201,6 +201,8 @@ def check_backend(spec: KernelSpec, name: str, case: Case | None = None) -> list
 
     want = list(spec.arg_names)
     got = names_of(kernel)
+    if name == ORACLE and spec.check_grid is not None and got is not None and got[-1:] == ["grid"]:
+        got = got[:-1]  # a kernel that reads its grid: the oracle takes it too, by keyword (KernelSpec.check_grid)
     names_ok = False
     if got is None:
         add("names", False, "kernel object is not introspectable: no arg_names and no inspect.signature")
@@ -303,7 +305,7 @@ def _unknown_keyword(spec: KernelSpec, backend: Any, kernel: Any, case: Case) ->
 
 def _cpp_entry(spec: KernelSpec, kernel: Any) -> tuple[bool, str]:
     from cpu_impl import _C
-    from cpu_impl.launcher import buf, cpp_entry_name
+    from cpu_impl.launcher import GRID, buf, cpp_entry_name
 
     family, entry = cpp_entry_name(spec)
     module = getattr(_C, family, None)
@@ -311,7 +313,7 @@ def _cpp_entry(spec: KernelSpec, kernel: Any) -> tuple[bool, str]:
     if real is None:
         return False, f"no C++ entry point cpu_impl._C.{family}.{entry}"
     arity = cpp_arity(real)
-    n = len(spec.params)
+    n = len(spec.params) + len(GRID) * (spec.check_grid is not None)  # then the grid's axes follow
     if arity is not None and arity != n:
         return False, f"cpu_impl._C.{family}.{entry} takes {arity} arguments, the contract has {n} parameters"
 
@@ -346,7 +348,9 @@ def _cpp_entry(spec: KernelSpec, kernel: Any) -> tuple[bool, str]:
     args = launched_again[-1]
     for p, got in zip(spec.params, args):
         v = copies[p.name]
-        if p.kind is Kind.PTR:
+        if p.table:
+            ok = isinstance(got, tuple) and [tuple(g[:3]) for g in got] == [buf(t) for t in v]
+        elif p.kind is Kind.PTR:
             want = buf(v)
             ok = (got is None) if want is None else (isinstance(got, tuple) and tuple(got[:3]) == want[:3])
         else:
