@@ -1,7 +1,8 @@
-"""Model Runner V2's step kernels (the batch state K22-K28, the EAGLE/MTP drafter K29-K31) at a
-step's real sizes: ``B`` requests, one in eight a 256-token prefill chunk, the rest verifying 4
-drafts; 1.25 B request states, max_model_len 4096, vocabulary 151,936 (the penalties' output
-counts), hidden size 4096 in bfloat16.
+"""Model Runner V2's step kernels (the batch state K22-K28, the EAGLE/MTP drafter K29-K31, the block
+tables K32-K33) at a step's real sizes: ``B`` requests, one in eight a 256-token prefill chunk, the
+rest verifying 4 drafts; 1.25 B request states, max_model_len 4096, vocabulary 151,936 (the
+penalties' output counts), hidden size 4096 in bfloat16, two KV-cache groups of 16-token blocks
+(one a 1024-token sliding window).
 
     python benchmarks/mrv2_step.py --device cpu [--requests 64,256]     the C++ port, 1 and all threads
     SPECDIFF_VLLM=PATH python benchmarks/mrv2_step.py --device cuda     our compiled Triton and vLLM's
@@ -37,7 +38,7 @@ from harness import omp_threads  # noqa: E402
 import contracts  # noqa: E402
 from conformance.backends import resolve_kernel  # noqa: E402
 from conformance.runner import bits, copy_args  # noqa: E402
-from contracts.spec import Role  # noqa: E402
+from contracts.spec import Role, Table, tensors  # noqa: E402
 
 I32, I64 = torch.int32, torch.int64
 K, MAX_MODEL_LEN, VOCAB, HIDDEN, CHUNK = 4, 4096, 151936, 4096, 256
@@ -118,12 +119,30 @@ def step_cases(b: int) -> dict[str, dict[str, Any]]:
         seq_lens_ptr=i32(seq), draft_tokens_ptr=drafts[:, 1].contiguous(), current_draft_step_ptr=torch.tensor(1), hidden_states_ptr=hidden,
         hidden_states_stride=HIDDEN, hidden_size=HIDDEN, max_model_len=MAX_MODEL_LEN, num_speculative_steps=K, BLOCK_SIZE=1024,
         ADVANCE_DRAFT_POSITIONS=True)
+    # Two KV-cache groups of 16-token blocks (the second a 1024-token sliding window); each request
+    # holds the blocks of its positions and drafts; every token's position is consecutive in its row.
+    widths = [MAX_MODEL_LEN // 16] * 2
+    tables = Table(torch.randint(1, 2**20, (states, w), generator=g, dtype=I32) for w in widths)
+    held = torch.stack([((computed + CHUNK + K + 15) // 16).clamp_max(w) for w in widths]).to(I32)
+    row_of = torch.repeat_interleave(torch.arange(b), query)
+    step_positions = computed[idx][row_of] + torch.arange(tokens) - qsl[row_of]
+    cases["_gather_block_tables_kernel"] = dict(
+        batch_idx_to_req_idx=idx, src_block_table_ptrs=tables, dst_block_table_ptrs=Table(torch.zeros_like(t) for t in tables),
+        block_table_strides=torch.tensor(widths), num_blocks_ptr=held, num_blocks_stride=states, num_reqs=b,
+        num_computed_tokens_ptr=i32(computed), sliding_window_reach_ptr=torch.tensor([0, 1024], dtype=I32),
+        block_sizes_ptr=torch.tensor([16, 16], dtype=I32), MASK_SLIDING_WINDOW=True, BLOCK_SIZE=1024)
+    cases["_compute_slot_mappings_kernel"] = dict(
+        max_num_tokens=tokens, idx_mapping=idx, query_start_loc=i32(qsl), pos=step_positions, block_table_ptrs=tables,
+        block_table_strides=torch.tensor(widths), block_sizes=torch.tensor([16, 16], dtype=I32),
+        slot_mapping_enabled=torch.ones(2, dtype=torch.bool), dcp_sharded=torch.zeros(2, dtype=torch.bool),
+        slot_mappings_ptr=torch.zeros((2, tokens), dtype=I64), slot_mappings_stride=tokens, cp_rank=0, CP_SIZE=1,
+        CP_INTERLEAVE=1, PAD_ID=-1, TRITON_BLOCK_SIZE=1024)
     return cases
 
 
 def _outputs(kernel: str, args: dict[str, Any]) -> dict[str, torch.Tensor]:
     spec = contracts.get(kernel)
-    return {p.name: args[p.name].cpu() for p in spec.params if p.role in (Role.OUT, Role.INOUT) and args[p.name] is not None}
+    return {label: t.cpu() for label, p, t in tensors(spec, args) if p.role in (Role.OUT, Role.INOUT)}
 
 
 def _launcher(backend: str, kernel: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], None]:

@@ -2,13 +2,15 @@
 composed over any backend (docs/input_batch.md, docs/target_dependent_ar.md).
 
 A step of ``MRV2Engine.step`` runs, on the backend asked for: the batch layout (K28 when drafts
-are scheduled, K22 when a request prefills, K23, K24); a stub target model's logits at the logits
-rows; the rejection sampler (K11, then K13-K18 through ``mrv2_rejection_sample``) and K25; the
-commit (K26); then the EAGLE drafter (K29, a stub draft model's first draft, K30, and K31 after
-each further draft step), whose drafts the next step verifies. Between steps a host scheduler
-admits requests into free state rows, schedules prompt chunks and decode rows, and frees finished
-requests, reading the device state as it goes: so a backend that computes one value differently
-changes every step after it.
+are scheduled, K22 when a request prefills, K23, K24); the forward pass's block tables (K32, two
+KV-cache groups, one of them a sliding window, rows padded as CUDA graphs pad them) and the
+target's slot mappings (K33); a stub target model's logits at the logits rows; the rejection
+sampler (K11, then K13-K18 through ``mrv2_rejection_sample``) and K25; the commit (K26); then the
+EAGLE drafter (K29, a stub draft model's first draft, K30, and per further draft step its slot
+mappings, K33, and K31), whose drafts the next step verifies. Between steps a host scheduler
+admits requests into free state rows, gives them KV blocks, schedules prompt chunks and decode
+rows, and frees finished requests and their blocks, reading the device state as it goes: so a
+backend that computes one value differently changes every step after it.
 
 The stub models are plain PyTorch functions of each row's token and position (never of the
 backend), so two backends whose kernels agree produce the same steps bit for bit.
@@ -21,9 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from compositions.sampler import launch, mrv2_rejection_sample
-from contracts.spec import next_power_of_2
+from contracts.spec import Table, cdiv, next_power_of_2
 
 I32, I64 = torch.int32, torch.int64
+# The KV-cache groups: (tokens per block, sliding-window reach; 0: full attention).
+GROUPS = ((4, 0), (8, 4))
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,18 @@ class MRV2Engine:
         self.seeds = torch.zeros(r, dtype=I64)
         g = torch.Generator().manual_seed(1234)
         self._embedding = torch.randn((self.vocab, self.vocab), generator=g)
+        # BlockTables: each group's table by state row, the blocks each row holds, the forward pass's
+        # tables, and the host's free blocks (block 0 is the null block, never handed out).
+        widths = [cdiv(self.max_model_len, size) for size, _ in GROUPS]
+        self.block_tables = Table(torch.zeros((r, w), dtype=I32) for w in widths)
+        self.input_block_tables = Table(torch.zeros((r, w), dtype=I32) for w in widths)
+        self.block_widths = torch.tensor(widths, dtype=I64)
+        self.block_sizes = torch.tensor([size for size, _ in GROUPS], dtype=I32)
+        self.reach = torch.tensor([reach for _, reach in GROUPS], dtype=I32)
+        self.num_blocks = torch.zeros((len(GROUPS), r), dtype=I32)
+        self.free_blocks = [list(range(1, r * w + 1)) for w in widths]
+        self.dirty_rows = 0  # forward-pass rows the last step wrote
+        self.max_num_tokens = r * max(self.chunk, k + 1)
 
     # -- the stub models: functions of a row's token and position, never of the backend ----------
     def target_logits(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -92,6 +108,9 @@ class MRV2Engine:
             if int(self.total_len[s]) - len(req.prompt) >= req.max_tokens:
                 del self.rows[i]
                 self.finished.append(i)
+                for g, table in enumerate(self.block_tables):  # its KV blocks go back to the pool
+                    self.free_blocks[g] += table[s, : int(self.num_blocks[g, s])].tolist()
+                    self.num_blocks[g, s] = 0
         for i, req in enumerate(self.plan):
             taken = set(self.rows.values())
             if req.arrives == self.steps and i not in self.rows and i not in self.finished:
@@ -106,6 +125,26 @@ class MRV2Engine:
                 self.last_sampled[s], self.draft_tokens[s], self.output_bin_counts[s] = 0, 0, 0
                 self.seeds[s] = req.seed
                 self.rows[i] = s
+
+    def _allocate(self, s: int, tokens: int) -> None:
+        """Blocks for the first ``tokens`` positions of state row ``s`` (the KV cache manager's part)."""
+        tokens = min(tokens, self.max_model_len)
+        for g, (size, _) in enumerate(GROUPS):
+            held, need = int(self.num_blocks[g, s]), cdiv(tokens, size)
+            for c in range(held, need):
+                self.block_tables[g][s, c] = self.free_blocks[g].pop(0)
+            self.num_blocks[g, s] = max(held, need)
+
+    def _slot_mappings(self, idx: torch.Tensor, qsl: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Every token's KV slot in each group (K33), padded to max_num_tokens."""
+        slots = torch.zeros((len(GROUPS), self.max_num_tokens), dtype=I64)
+        launch(self.backend, "_compute_slot_mappings_kernel", (len(GROUPS), idx.numel() + 1), max_num_tokens=self.max_num_tokens,
+               idx_mapping=idx, query_start_loc=qsl, pos=positions, block_table_ptrs=self.block_tables,
+               block_table_strides=self.block_widths, block_sizes=self.block_sizes,
+               slot_mapping_enabled=torch.ones(len(GROUPS), dtype=torch.bool), dcp_sharded=torch.zeros(len(GROUPS), dtype=torch.bool),
+               slot_mappings_ptr=slots, slot_mappings_stride=slots.stride(0), cp_rank=0, CP_SIZE=1, CP_INTERLEAVE=1, PAD_ID=-1,
+               TRITON_BLOCK_SIZE=1024)
+        return slots
 
     def step(self) -> dict[str, torch.Tensor]:
         """One step; returns what it computed (the state after it and the step's own outputs)."""
@@ -151,6 +190,19 @@ class MRV2Engine:
                prefill_len_ptr=self.prefill_len, draft_tokens_ptr=self.draft_tokens, draft_tokens_stride=self.draft_tokens.stride(0),
                cu_num_logits_ptr=cu, logits_indices_ptr=logits_indices, BLOCK_SIZE=next_power_of_2(k + 1), NUM_NEW_SAMPLED_TOKENS=1)
 
+        # KV blocks for this step's tokens and the drafts after them; the forward pass's tables (rows
+        # padded to a CUDA-graph size, and over the rows the last step wrote) and slot mappings.
+        for s, q in zip(batch, query):
+            self._allocate(s, int(self.num_computed[s]) + q + k)
+        rows = max(min(next_power_of_2(n), self.max_num_reqs), self.dirty_rows)
+        launch(be, "_gather_block_tables_kernel", (len(GROUPS), rows), batch_idx_to_req_idx=idx,
+               src_block_table_ptrs=self.block_tables, dst_block_table_ptrs=self.input_block_tables,
+               block_table_strides=self.block_widths, num_blocks_ptr=self.num_blocks, num_blocks_stride=self.num_blocks.stride(0),
+               num_reqs=n, num_computed_tokens_ptr=self.num_computed, sliding_window_reach_ptr=self.reach,
+               block_sizes_ptr=self.block_sizes, MASK_SLIDING_WINDOW=True, BLOCK_SIZE=1024)
+        self.dirty_rows = n
+        slot_mappings = self._slot_mappings(idx, qsl, positions)
+
         # The target model, then verification.
         target = self.target_logits(input_ids[logits_indices], positions[logits_indices])
         draft_sampled, pos = torch.zeros(num_logits, dtype=I32), torch.zeros(num_logits, dtype=I64)
@@ -170,15 +222,17 @@ class MRV2Engine:
                query_start_loc_ptr=qsl, all_token_ids_ptr=self.all_token_ids, all_token_ids_stride=self.all_token_ids.stride(0),
                total_len_ptr=self.total_len, draft_tokens_ptr=None, draft_tokens_out_ptr=None, num_draft_tokens=0)
 
-        proposed = self._draft(idx, qsl, input_ids, positions, seq_lens, num_sampled, num_rejected)
+        proposed, draft_slots = self._draft(idx, qsl, input_ids, positions, seq_lens, num_sampled, num_rejected)
         self.draft_tokens[idx] = proposed  # model_runner.py:2326
         return self.snapshot(dict(input_ids=input_ids, positions=positions, seq_lens=seq_lens, logits_indices=logits_indices,
+                                  slot_mappings=slot_mappings, draft_slot_mappings=draft_slots,
                                   draft_sampled=draft_sampled, num_sampled=num_sampled, num_rejected=num_rejected,
                                   proposed=proposed))
 
     def _draft(self, idx: torch.Tensor, qsl: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-               seq_lens: torch.Tensor, num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> torch.Tensor:
-        """The EAGLE drafter (speculator.py: propose): its prefill, then k - 1 decode steps."""
+               seq_lens: torch.Tensor, num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The EAGLE drafter (speculator.py: propose): its prefill, then k - 1 decode steps, each
+        with its slot mappings. Returns the drafts and the decode steps' slot mappings."""
         be, k, n, r = self.backend, self.k, idx.numel(), self.max_num_reqs
         tokens = input_ids.numel()
         last = torch.zeros(r, dtype=I64)
@@ -197,6 +251,7 @@ class MRV2Engine:
         hidden = torch.zeros((n, self.hidden), dtype=torch.bfloat16)
         d_positions = d_pos[at].clone()
         sample = d_positions + 1
+        slots = []
         if k > 1:
             ids = torch.zeros(n, dtype=I32)
             launch(be, "_prepare_decode_inputs_kernel", (n + 1,), draft_tokens_ptr=drafts[:, 0], draft_tokens_stride=drafts.stride(0),
@@ -205,6 +260,7 @@ class MRV2Engine:
                    max_model_len=self.max_model_len, max_num_reqs=r, BLOCK_SIZE=1024, ADVANCE_DRAFT_POSITIONS=True)
             for j in range(1, k):
                 step.fill_(j)
+                slots.append(self._slot_mappings(idx, d_qsl[: n + 1], d_positions))  # where this step's KV goes
                 token = self.guess(ids, d_positions + 1)
                 launch(be, "_update_draft_inputs_kernel", (n,), output_draft_tokens_ptr=drafts, output_draft_tokens_stride=drafts.stride(0),
                        next_input_hidden_states_ptr=hidden, next_input_hidden_states_stride=hidden.stride(0), input_ids_ptr=ids,
@@ -212,10 +268,11 @@ class MRV2Engine:
                        current_draft_step_ptr=step, hidden_states_ptr=self.hidden_states(token),
                        hidden_states_stride=self.hidden, hidden_size=self.hidden, max_model_len=self.max_model_len,
                        num_speculative_steps=k, BLOCK_SIZE=1024, ADVANCE_DRAFT_POSITIONS=True)
-        return drafts
+        return drafts, torch.stack(slots) if slots else torch.zeros((0, len(GROUPS), self.max_num_tokens), dtype=I64)
 
     def snapshot(self, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         state = dict(all_token_ids=self.all_token_ids, prefill_len=self.prefill_len, num_computed=self.num_computed,
                      total_len=self.total_len, last_sampled=self.last_sampled, draft_tokens=self.draft_tokens,
-                     next_prefill_tokens=self.next_prefill_tokens, output_bin_counts=self.output_bin_counts)
+                     next_prefill_tokens=self.next_prefill_tokens, output_bin_counts=self.output_bin_counts,
+                     **{f"input_block_tables[{g}]": t for g, t in enumerate(self.input_block_tables)})
         return {name: t.clone() for name, t in (state | outputs).items()}

@@ -123,6 +123,10 @@ struct SlotGroup {
   const std::int32_t* table;
   std::int64_t rows, width, size;
   bool enabled, sharded;
+  int shift;  // log2(size) for a power of two, else -1
+  // The block and the offset in it of a non-negative local position.
+  std::int64_t block(std::int64_t local) const { return shift >= 0 ? local >> shift : local / size; }
+  std::int64_t offset(std::int64_t local) const { return shift >= 0 ? local & (size - 1) : local % size; }
 };
 
 // Context parallelism's deal of a group's positions to the ranks (contracts/block_table.py: local_positions).
@@ -157,8 +161,9 @@ void compute_slot_mappings(std::int64_t max_num_tokens, Buffer idx_mapping, Buff
   for (std::int64_t g = 0; g < ng; ++g) {
     if (sizes[g] < 1) fail(k, "block_sizes", words("entry ", g, " = ", sizes[g], " must be >= 1"));
     need_int32(k, "block_sizes", static_cast<i128>(sizes[g]) * cp_size, "group ", g, "'s virtual block (block_size * CP_SIZE)");
+    const bool pow2 = (sizes[g] & (sizes[g] - 1)) == 0;
     groups[g] = {tables[g].as<std::int32_t>(), tables[g].rows, widths[g], sizes[g], slot_mapping_enabled.as<std::uint8_t>()[g] != 0,
-                 cp_size != 1 && dcp_sharded.as<std::uint8_t>()[g] != 0};
+                 cp_size != 1 && dcp_sharded.as<std::uint8_t>()[g] != 0, pow2 ? __builtin_ctzll(static_cast<unsigned long long>(sizes[g])) : -1};
   }
   const std::int64_t n = idx_mapping.numel;
   const std::vector<std::int64_t> qsl = load_offsets(k, "query_start_loc", query_start_loc, n + 1);
@@ -176,53 +181,65 @@ void compute_slot_mappings(std::int64_t max_num_tokens, Buffer idx_mapping, Buff
   const Ints positions(pos);
   const Slotter slot{cp_size, cp_interleave, cp_rank};
 
-  // Every real token of every group, checked before anything is written: its position, its
-  // request's row, the column it reads, its slot in int32 (vLLM forms block * block_size in int32).
-  for (std::int64_t b = 0; b < n; ++b) {
-    const std::int64_t s = idx[b];
-    if (s < 0) continue;  // a dummy row reads nothing
-    for (std::int64_t t = qsl[b]; t < qsl[b + 1]; ++t)
-      if (positions[t] < 0) fail(k, "pos", words("entry ", t, " = ", positions[t], " is a request's token's position and must be >= 0"));
-  }
-  for (std::int64_t g = 0; g < ng; ++g) {
+  // Each group's slots of the batch's tokens, computed and checked row by row in parallel into a
+  // scratch buffer before anything is written; a row the contract refuses is computed again
+  // serially, for its message. A real token's position is >= 0, its request a row of the table,
+  // the column it reads inside the row, its slot inside int32 (vLLM forms block * block_size in
+  // int32); a dummy row's positions are never read.
+  const std::int64_t first = qsl[0], span = tokens - first;
+  std::vector<std::int64_t> computed(static_cast<std::size_t>(ng * span));
+  auto row_slots = [&](std::int64_t g, std::int64_t b, bool loud) -> bool {
     const SlotGroup& G = groups[g];
-    for (std::int64_t b = 0; b < n; ++b) {
-      const std::int64_t s = idx[b];
-      if (s < 0 || qsl[b] == qsl[b + 1]) continue;
-      if (s >= G.rows)
-        fail(k, "idx_mapping", words("request state ", s, " must be a row of 'block_table_ptrs[", g, "]' of ", G.rows, " rows"));
-      for (std::int64_t t = qsl[b]; t < qsl[b + 1]; ++t) {
-        std::int64_t local = 0;
-        if (!slot.local(G, positions[t], local)) continue;
-        const std::int64_t column = G.enabled ? local / G.size : 0;
-        if (column >= G.width)
-          fail(k, "pos", words("entry ", t, " = ", positions[t], " reads column ", column, " of group ", g, "'s table of width ",
-                               G.width));
-        if (!G.enabled) continue;
-        const i128 product = static_cast<i128>(G.table[s * G.width + column]) * G.size;
-        need_int32(k, "block_table_ptrs", product, "group ", g, "'s block * block_size");
-        need_int32(k, "block_table_ptrs", product + local % G.size, "group ", g, "'s slot");
-      }
+    const std::int64_t s = idx[b];
+    std::int64_t* dst = computed.data() + g * span - first;
+    if (s >= G.rows && qsl[b] < qsl[b + 1]) {
+      if (loud) fail(k, "idx_mapping", words("request state ", s, " must be a row of 'block_table_ptrs[", g, "]' of ", G.rows, " rows"));
+      return false;
     }
-  }
+    for (std::int64_t t = qsl[b]; t < qsl[b + 1]; ++t) {
+      std::int64_t value = pad_id, local = 0;
+      // A dummy row, a group without slots, or (context parallelism) another rank's token: PAD_ID.
+      if (s >= 0) {
+        const std::int64_t p = positions[t];
+        if (p < 0) {
+          if (loud) fail(k, "pos", words("entry ", t, " = ", p, " is a request's token's position and must be >= 0"));
+          return false;
+        }
+        if (slot.local(G, p, local)) {
+          const std::int64_t column = G.enabled ? G.block(local) : 0;
+          if (column >= G.width) {
+            if (loud) fail(k, "pos", words("entry ", t, " = ", p, " reads column ", column, " of group ", g, "'s table of width ", G.width));
+            return false;
+          }
+          if (G.enabled) {
+            const i128 product = static_cast<i128>(G.table[s * G.width + column]) * G.size, id = product + G.offset(local);
+            if (product < INT32_MIN || product > INT32_MAX || id > INT32_MAX) {
+              if (loud) {
+                need_int32(k, "block_table_ptrs", product, "group ", g, "'s block * block_size");
+                need_int32(k, "block_table_ptrs", id, "group ", g, "'s slot");
+              }
+              return false;
+            }
+            value = static_cast<std::int64_t>(id);
+          }
+        }
+      }
+      dst[t] = value;
+    }
+    return true;
+  };
+  std::vector<unsigned char> ok(static_cast<std::size_t>(ng * n), 1);
+  rows(ng * n, ng * span, [&](std::int64_t r) { ok[r] = row_slots(r / n, r % n, false); });
+  for (std::int64_t r = 0; r < ng * n; ++r)
+    if (!ok[r] && row_slots(r / n, r % n, true)) fail(k, "block_table_ptrs", "changed while the launch read it");
 
   const Ints out(slot_mappings);
-  rows(ng * (n + 1), ng * width, [&](std::int64_t r) {
-    const std::int64_t g = r / (n + 1), b = r % (n + 1);
-    const SlotGroup& G = groups[g];
+  rows(ng, ng * width, [&](std::int64_t g) {
     const std::int64_t row = g * slot_mappings_stride;
-    if (b == n) {  // past the batch, up to max_num_tokens: padding for CUDA graphs
-      for (std::int64_t t = tokens; t < max_num_tokens; ++t) out.set(row + t, pad_id);
-      return;
-    }
-    const std::int64_t s = idx[b];
-    for (std::int64_t t = qsl[b]; t < qsl[b + 1]; ++t) {
-      std::int64_t local = 0, value = pad_id;
-      // A dummy row, a group without slots, or (context parallelism) another rank's token: PAD_ID.
-      if (s >= 0 && G.enabled && slot.local(G, positions[t], local))
-        value = static_cast<std::int64_t>(G.table[s * G.width + local / G.size]) * G.size + local % G.size;
-      out.set(row + t, value);
-    }
+    const std::int64_t* from = computed.data() + g * span - first;
+    for (std::int64_t t = first; t < tokens; ++t) out.set(row + t, from[t]);
+    // Past the batch, up to max_num_tokens: padding for CUDA graphs.
+    for (std::int64_t t = tokens; t < max_num_tokens; ++t) out.set(row + t, pad_id);
   });
 }
 

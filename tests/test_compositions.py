@@ -159,6 +159,12 @@ def _invariants(engine, snapshots):
         if int(snapshots[-1]["num_computed"][s]) >= n:
             assert int(snapshots[-1]["num_computed"][s]) == total - 1
         assert int(snapshots[-1]["output_bin_counts"][s].sum()) == total - n
+    last = snapshots[-1]
+    if "slot_mappings" in last:  # no two of a step's tokens write one KV slot; the rest pads
+        tokens = last["positions"].numel()
+        for group in last["slot_mappings"]:
+            assert bool((group[:tokens] >= 0).all()) and group[:tokens].unique().numel() == tokens
+            assert bool((group[tokens:] == -1).all())
 
 
 def _step_plan():
@@ -189,6 +195,8 @@ def test_the_mrv2_step_agrees_on_every_backend_over_consecutive_steps():
     sampled = [int(x) for snap in want if "num_sampled" in snap for x in snap["num_sampled"]]
     assert {1, 4} <= set(sampled) and sorted(engine.finished) == [0, 1, 2, 3]
     assert any(int(snap["num_rejected"].max()) == 3 for snap in want if "num_rejected" in snap)
+    # A sliding-window group's forward-pass row whose leading block fell out of the window: nulled.
+    assert any(int(row[0]) == 0 and int(row[1]) != 0 for snap in want for row in snap["input_block_tables[1]"])
     for backend in BACKENDS:
         _, got = _run_steps(plan, backend)
         for step, (a, b) in enumerate(zip(want, got)):

@@ -83,7 +83,7 @@ def test_the_cpu_overrides_are_read_from_the_engines_registration(vllm):
     # vLLM 0.33.0 ports the ten V1 kernels to C++, and nothing of Model Runner V2 (its rejection
     # sampler, batch state and drafter), FLy, the async update or top-k/top-p (on a CPU without
     # Triton it sorts in PyTorch instead: docs/topk_topp.md).
-    unported = ("mrv2", "input_batch", "target_dependent_ar", "fly", "async_update", "topk_topp")
+    unported = ("mrv2", "input_batch", "target_dependent_ar", "block_table", "fly", "async_update", "topk_topp")
     v1 = {s.qualname for s in contracts.SPECS.values() if s.family not in unported}
     assert len(v1) == 10 and v1 <= set(table)
     assert not {s.qualname for f in unported for s in contracts.FAMILIES[f]} & set(table)
