@@ -152,6 +152,12 @@ def _launcher(backend: str, kernel: str, args: dict[str, Any]) -> Callable[[dict
     return lambda a: run(**a)
 
 
+def _addressed(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with each pointer table as the uint64 addresses a Triton kernel takes, made once: a
+    CUDA graph cannot capture the host-to-device copy that makes them (``args`` keeps the tensors)."""
+    return {k: v.addresses(v[0].device) if isinstance(v, Table) else v for k, v in args.items()}
+
+
 def reference_outputs(kernel: str, case: dict[str, Any]) -> dict[str, torch.Tensor]:
     args = copy_args(case, "cpu")
     _launcher("cpu", kernel, args)(args)
@@ -204,8 +210,9 @@ def cuda_run(sizes: list[int], backends: list[str]) -> list[dict[str, Any]]:
                 args = copy_args(case, "cuda")
                 run = _launcher(name, kernel, args)
                 saved = {n: args[n].clone() for n in RESTORED.get(kernel, ())}
+                bound = _addressed(args)
 
-                def launch(run: Any = run, args: dict[str, Any] = args, saved: dict[str, torch.Tensor] = saved) -> None:
+                def launch(run: Any = run, args: dict[str, Any] = bound, saved: dict[str, torch.Tensor] = saved) -> None:
                     for n, t in saved.items():
                         args[n].copy_(t)
                     run(args)
@@ -213,7 +220,7 @@ def cuda_run(sizes: list[int], backends: list[str]) -> list[dict[str, Any]]:
                 # Replayed from a CUDA graph: the kernels take microseconds, a Python launch as long.
                 row[f"{name}_ms"] = do_bench_cudagraph(launch, rep=100, return_mode="median")
                 args = copy_args(case, "cuda")  # validated on fresh inputs (in-place kernels)
-                run(args)
+                run(_addressed(args))
                 torch.cuda.synchronize()
                 row[f"{name}_cells_differing"] = differing(_outputs(kernel, args), want)
             if "vllm_ms" in row and "triton_ms" in row:
