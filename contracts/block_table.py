@@ -22,6 +22,7 @@ import torch
 from contracts._checks import exclusive_offsets, flat_view, require_cells, require_rows
 from contracts.spec import (
     INT,
+    Earlier,
     KernelSpec,
     Role,
     constexpr,
@@ -125,8 +126,39 @@ def _gather_explain(a: Mapping[str, Any], output: str, index: int) -> str:
     return line
 
 
+# Earlier releases' parameter lists (KernelSpec.earlier), from their source distributions.
+_WINDOW = ("num_computed_tokens_ptr", "sliding_window_reach_ptr", "block_sizes_ptr", "MASK_SLIDING_WINDOW")
+_GATHER = ("batch_idx_to_req_idx", "src_block_table_ptrs", "dst_block_table_ptrs", "block_table_strides", "num_blocks_ptr",
+           "num_blocks_stride", "num_reqs")
+
+
+def _bind_gather_0_32(a: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM 0.30.0-0.32.0's launch of K32: the contract's arguments without the window's, which it does not take."""
+    return {k: v for k, v in a.items() if k not in _WINDOW}
+
+
+def _gather_predates_0_32(a: Mapping[str, Any]) -> str | None:
+    return "C39 sliding-window nulling (0.33.0)" if a["MASK_SLIDING_WINDOW"] else None
+
+
+_EARLIER_K32 = (
+    Earlier("0.21.0", (*_GATHER, "max_num_blocks", "BLOCK_SIZE"),
+            "padded rows zeroed to one max_num_blocks for every group; no sliding-window nulling"),
+    Earlier("0.32.0", (*_GATHER, "BLOCK_SIZE"), "no sliding-window nulling (its four parameters came in 0.33.0)",
+            _bind_gather_0_32, _gather_predates_0_32),
+)
+_SLOTS = ("max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides", "block_sizes")
+_SLOTS_TAIL = ("slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE", "PAD_ID", "TRITON_BLOCK_SIZE")
+_EARLIER_K33 = (
+    Earlier("0.21.0", (*_SLOTS, *_SLOTS_TAIL), "every group mapped and sharded alike (no slot_mapping_enabled, no dcp_sharded)"),
+    Earlier("0.30.0", (*_SLOTS, "kernel_block_sizes", "slot_mapping_enabled", *_SLOTS_TAIL),
+            "context parallelism over kernel block sizes beside the KV block sizes; every group sharded (no dcp_sharded)"),
+)
+
+
 GATHER_BLOCK_TABLES = KernelSpec(
     name=K32,
+    earlier=_EARLIER_K32,
     family="block_table",
     qualname=f"{MODULE}.{K32}",
     params=(
@@ -247,6 +279,7 @@ def _slot_explain(a: Mapping[str, Any], output: str, index: int) -> str:
 
 COMPUTE_SLOT_MAPPINGS = KernelSpec(
     name=K33,
+    earlier=_EARLIER_K33,
     family="block_table",
     qualname=f"{MODULE}.{K33}",
     params=(

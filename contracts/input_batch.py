@@ -21,6 +21,7 @@ import torch
 from contracts._checks import exclusive_offsets, flat_view, item, require_cells, require_rows
 from contracts.spec import (
     INT,
+    Earlier,
     KernelSpec,
     Role,
     constexpr,
@@ -115,8 +116,28 @@ def _prefill_explain(a: Mapping[str, Any], output: str, index: int) -> str:
             f"num_computed={item(a['num_computed_tokens_ptr'], s)}, query [{qsl[b]}, {qsl[b + 1]}); {where}")
 
 
+# Earlier releases' parameter lists (KernelSpec.earlier), from their source distributions: reported
+# as declared drift, never launched with the contract's names.
+_EARLIER_K22 = (Earlier("0.21.0", ("input_ids_ptr", "next_prefill_tokens_ptr", "idx_mapping_ptr", "query_start_loc_ptr",
+                                   "all_token_ids_ptr", "all_token_ids_stride", "prefill_lens_ptr", "num_computed_tokens_ptr",
+                                   "BLOCK_SIZE"),
+                        "one next prefill token per request: the lookahead rows (next_prefill_tokens_stride, num_lookahead, "
+                        "LOOKAHEAD_BLOCK) came by 0.30.0"),)
+_EARLIER_K24 = (Earlier("0.21.0", ("input_ids_ptr", "idx_mapping_ptr", "last_sampled_tokens_ptr", "query_start_loc_ptr",
+                                   "seq_lens_ptr", "prefill_len_ptr", "draft_tokens_ptr", "draft_tokens_stride", "cu_num_logits_ptr",
+                                   "logits_indices_ptr", "BLOCK_SIZE"),
+                        "one new sampled token per step: NUM_NEW_SAMPLED_TOKENS and its prompt-tail rule came by 0.30.0"),)
+_EARLIER_K26 = (Earlier("0.32.0", ("idx_mapping_ptr", "num_computed_tokens_ptr", "last_sampled_tokens_ptr", "output_bin_counts_ptr",
+                                   "output_bin_counts_stride", "sampled_tokens_ptr", "sampled_tokens_stride", "num_sampled_ptr",
+                                   "num_rejected_ptr", "query_start_loc_ptr", "all_token_ids_ptr", "all_token_ids_stride",
+                                   "total_len_ptr"),
+                        "no copy of the drafts (draft_tokens_ptr, draft_tokens_out_ptr, num_draft_tokens came in 0.33.0); "
+                        "through 0.21.0 also no skipped rows and a required query_start_loc"),)
+
+
 PREPARE_PREFILL_INPUTS = KernelSpec(
     name=K22,
+    earlier=_EARLIER_K22,
     family="input_batch",
     qualname=f"{MODULE}._prepare_prefill_inputs_kernel",
     params=(
@@ -251,6 +272,7 @@ def _combine_rule(a: Mapping[str, Any], output: str, index: int, kind: str) -> s
 
 COMBINE_SAMPLED_AND_DRAFT_TOKENS = KernelSpec(
     name=K24,
+    earlier=_EARLIER_K24,
     family="input_batch",
     qualname=f"{MODULE}.{K24}",
     params=(
@@ -388,6 +410,7 @@ def _post_explain(a: Mapping[str, Any], output: str, index: int) -> str:
 
 POST_UPDATE = KernelSpec(
     name=K26,
+    earlier=_EARLIER_K26,
     family="input_batch",
     qualname=f"{MODULE}.{K26}",
     params=(

@@ -107,7 +107,8 @@ class CpuKernel:
         return lambda *args, **kwargs: self._launch(self.spec.bind(args, kwargs), grid)
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        self._launch(self.spec.bind(args, kwargs), None)
+        bound = self.spec.bind(args, kwargs)
+        self._launch(bound, None)
 
     def _launch(self, bound: Args, grid: Any) -> None:
         if self.spec.check_grid is not None:
