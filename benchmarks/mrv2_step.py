@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import omp_threads  # noqa: E402
 
 import contracts  # noqa: E402
+from conformance.backend import addressed  # noqa: E402
 from conformance.backends import resolve_kernel  # noqa: E402
 from conformance.runner import bits, copy_args  # noqa: E402
 from contracts.spec import Role, Table, tensors  # noqa: E402
@@ -152,12 +153,6 @@ def _launcher(backend: str, kernel: str, args: dict[str, Any]) -> Callable[[dict
     return lambda a: run(**a)
 
 
-def _addressed(args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` with each pointer table as the uint64 addresses a Triton kernel takes, made once: a
-    CUDA graph cannot capture the host-to-device copy that makes them (``args`` keeps the tensors)."""
-    return {k: v.addresses(v[0].device) if isinstance(v, Table) else v for k, v in args.items()}
-
-
 def reference_outputs(kernel: str, case: dict[str, Any]) -> dict[str, torch.Tensor]:
     args = copy_args(case, "cpu")
     _launcher("cpu", kernel, args)(args)
@@ -210,7 +205,7 @@ def cuda_run(sizes: list[int], backends: list[str]) -> list[dict[str, Any]]:
                 args = copy_args(case, "cuda")
                 run = _launcher(name, kernel, args)
                 saved = {n: args[n].clone() for n in RESTORED.get(kernel, ())}
-                bound = _addressed(args)
+                bound = addressed(args)  # made once: a CUDA graph cannot capture the copy that makes the addresses
 
                 def launch(run: Any = run, args: dict[str, Any] = bound, saved: dict[str, torch.Tensor] = saved) -> None:
                     for n, t in saved.items():
@@ -220,7 +215,7 @@ def cuda_run(sizes: list[int], backends: list[str]) -> list[dict[str, Any]]:
                 # Replayed from a CUDA graph: the kernels take microseconds, a Python launch as long.
                 row[f"{name}_ms"] = do_bench_cudagraph(launch, rep=100, return_mode="median")
                 args = copy_args(case, "cuda")  # validated on fresh inputs (in-place kernels)
-                run(_addressed(args))
+                run(addressed(args))
                 torch.cuda.synchronize()
                 row[f"{name}_cells_differing"] = differing(_outputs(kernel, args), want)
             if "vllm_ms" in row and "triton_ms" in row:

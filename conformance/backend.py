@@ -86,10 +86,17 @@ class Backend:
             return launch
 
         def with_addresses(*args: Any, **kwargs: Any) -> Any:
-            return launch(*map(_address, args), **{k: _address(v) for k, v in kwargs.items()})
+            return launch(*map(address, args), **addressed(kwargs))
 
         return with_addresses
 
 
-def _address(v: Any) -> Any:
+def address(v: Any) -> Any:
+    """A launch argument as vLLM's kernels take it: a pointer table as its uint64 addresses."""
     return v.addresses(v[0].device if v else "cpu") if isinstance(v, Table) else v
+
+
+def addressed(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A launch's arguments as vLLM's kernels take them (:func:`address`); the tables' tensors must
+    outlive every launch of the result."""
+    return {k: address(v) for k, v in args.items()}

@@ -87,6 +87,7 @@ def compile_kernel(name: str, target: Any, cases: int) -> dict[str, Any]:
     from hypothesis import HealthCheck, given, settings
     from triton.compiler import ASTSource, make_backend
 
+    from conformance.backend import addressed
     from conformance.strategies import cases as strategy
 
     fn, filled = _jit(name)
@@ -98,7 +99,8 @@ def compile_kernel(name: str, target: Any, cases: int) -> dict[str, Any]:
     @settings(max_examples=cases, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=strategy(name))
     def draw(case: Any) -> None:
-        signature, constexprs, attrs, options = specialization(fn, backend, with_heuristics(case.args, filled))
+        # Pointer tables as the kernel takes them, a uint64 tensor of addresses (Backend.addresses).
+        signature, constexprs, attrs, options = specialization(fn, backend, with_heuristics(addressed(case.args), filled))
         key = json.dumps([signature, {str(k): repr(v) for k, v in constexprs.items()}, {str(k): repr(v) for k, v in attrs.items()}],
                          sort_keys=True)
         if key in seen:
