@@ -114,7 +114,7 @@ void gather_block_tables(Buffer batch_idx_to_req_idx, Table src, Table dst, Buff
     const std::int64_t h = held[g * n + b], d = dead[g * n + b];
     const std::int32_t* in = src[g].as<std::int32_t>() + idx[b] * w;
     std::fill(out, out + d, 0);  // below the sliding window: the null block
-    std::memcpy(out + d, in + d, static_cast<std::size_t>(h - d) * sizeof(std::int32_t));
+    if (h > d) std::memcpy(out + d, in + d, static_cast<std::size_t>(h - d) * sizeof(std::int32_t));  // never on a null row
   });
 }
 
@@ -191,7 +191,8 @@ void compute_slot_mappings(std::int64_t max_num_tokens, Buffer idx_mapping, Buff
   auto row_slots = [&](std::int64_t g, std::int64_t b, bool loud) -> bool {
     const SlotGroup& G = groups[g];
     const std::int64_t s = idx[b];
-    std::int64_t* dst = computed.data() + g * span - first;
+    // Token t's slot is computed[g * span + t - first]: indices, never a pointer before the buffer.
+    const std::int64_t base = g * span - first;
     if (s >= G.rows && qsl[b] < qsl[b + 1]) {
       if (loud) fail(k, "idx_mapping", words("request state ", s, " must be a row of 'block_table_ptrs[", g, "]' of ", G.rows, " rows"));
       return false;
@@ -224,7 +225,7 @@ void compute_slot_mappings(std::int64_t max_num_tokens, Buffer idx_mapping, Buff
           }
         }
       }
-      dst[t] = value;
+      computed[static_cast<std::size_t>(base + t)] = value;
     }
     return true;
   };
@@ -236,8 +237,7 @@ void compute_slot_mappings(std::int64_t max_num_tokens, Buffer idx_mapping, Buff
   const Ints out(slot_mappings);
   rows(ng, ng * width, [&](std::int64_t g) {
     const std::int64_t row = g * slot_mappings_stride;
-    const std::int64_t* from = computed.data() + g * span - first;
-    for (std::int64_t t = first; t < tokens; ++t) out.set(row + t, from[t]);
+    for (std::int64_t t = first; t < tokens; ++t) out.set(row + t, computed[static_cast<std::size_t>(g * span + t - first)]);
     // Past the batch, up to max_num_tokens: padding for CUDA graphs.
     for (std::int64_t t = tokens; t < max_num_tokens; ++t) out.set(row + t, pad_id);
   });
