@@ -81,6 +81,8 @@ class MRV2Engine:
         self.block_sizes = torch.tensor([size for size, _ in GROUPS], dtype=I32)
         self.reach = torch.tensor([reach for _, reach in GROUPS], dtype=I32)
         self.num_blocks = torch.zeros((len(GROUPS), r), dtype=I32)
+        self.slot_mapping_enabled = torch.ones(len(GROUPS), dtype=torch.bool)
+        self.dcp_sharded = torch.zeros(len(GROUPS), dtype=torch.bool)
         self.free_blocks = [list(range(1, r * w + 1)) for w in widths]
         self.dirty_rows = 0  # forward-pass rows the last step wrote
         self.max_num_tokens = r * max(self.chunk, k + 1)
@@ -141,7 +143,7 @@ class MRV2Engine:
         launch(self.backend, "_compute_slot_mappings_kernel", (len(GROUPS), idx.numel() + 1), max_num_tokens=self.max_num_tokens,
                idx_mapping=idx, query_start_loc=qsl, pos=positions, block_table_ptrs=self.block_tables,
                block_table_strides=self.block_widths, block_sizes=self.block_sizes,
-               slot_mapping_enabled=torch.ones(len(GROUPS), dtype=torch.bool), dcp_sharded=torch.zeros(len(GROUPS), dtype=torch.bool),
+               slot_mapping_enabled=self.slot_mapping_enabled, dcp_sharded=self.dcp_sharded,
                slot_mappings_ptr=slots, slot_mappings_stride=slots.stride(0), cp_rank=0, CP_SIZE=1, CP_INTERLEAVE=1, PAD_ID=-1,
                TRITON_BLOCK_SIZE=1024)
         return slots

@@ -193,7 +193,9 @@ class Launcher {
   // unless the contract declares the pair and both are the same elements (contracts.spec.same_elements).
   // A pointer table's tensors count one by one, as the table's parameter.
   bool overlapping(const py::dict& bound, const std::vector<Arg>& args) const {
-    std::vector<std::pair<std::size_t, const Strided*>> all;  // (parameter, tensor)
+    // (parameter, tensor); kept per thread so that a launch allocates nothing once warm
+    thread_local std::vector<std::pair<std::size_t, const Strided*>> all;
+    all.clear();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (params_[i].table)
         for (const Strided& t : args[i].table) all.emplace_back(i, &t);

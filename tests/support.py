@@ -13,8 +13,10 @@ import contracts
 from compositions.sampler import launch
 from conformance import engine
 from conformance.backends import BACKENDS as REGISTERED
+from conformance.case import Case
 from conformance.engine.source import cache_dir
 from conformance.profiles import chosen
+from conformance.tools.fuzz import launch_grid
 from contracts.spec import Table
 
 
@@ -64,11 +66,8 @@ def refused(backend: str, kernel: str, args: dict[str, Any], error: type[Excepti
     every = {f"{k}[{g}]": t for k, v in args.items() if isinstance(v, Table) for g, t in enumerate(v)}
     every |= {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
     before = {k: v.clone() for k, v in every.items() if v.layout is torch.strided and v.untyped_storage().data_ptr()}
-    spec = contracts.get(kernel)
-    try:  # a kernel that reads its grid gets the canonical one: the refusal is the argument's
-        grid = tuple(spec.grid(args)) if spec.check_grid is not None else (1,)
-    except Exception:
-        grid = (1,)
+    # A kernel that reads its grid gets the canonical one, as the fuzz launches: the refusal is the argument's.
+    grid = launch_grid(contracts.get(kernel), Case(kernel, args), args)
     with pytest.raises(error) as e:
         run(backend, kernel, grid, **args)
     for n in names:
