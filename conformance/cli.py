@@ -52,7 +52,7 @@ def _check_run(ns: argparse.Namespace) -> None:
     if ns.releases and ns.vllm:
         raise ValueError("--releases runs each release as --vllm: give one or the other")
     engines = [b for b in ns.backend or [] if BACKENDS[b].engine]
-    if engines and not (ns.vllm or engine.named()):
+    if engines and not (ns.vllm or ns.releases or engine.named()):
         raise ValueError(f"--backend {engines[0]}: vLLM's own kernels need a vLLM: --vllm VERSION|PATH (or {engine.ENV})")
     if ns.backend and len({*ns.backend, ORACLE}) < 2:
         raise ValueError(f"--backend {ns.backend[0]} alone compares nothing: the oracle always runs, name another backend")

@@ -39,6 +39,14 @@ def test_releases_and_vllm_together_are_refused(capsys):
     assert "--releases runs each release as --vllm" in capsys.readouterr().err
 
 
+def test_releases_name_the_vllm_an_engine_backend_needs(monkeypatch):
+    monkeypatch.delenv("SPECDIFF_VLLM", raising=False)
+    ran = {}
+    monkeypatch.setattr(releases, "run", lambda rels, rest, out: ran.update(rels=rels, rest=rest) or 0)
+    assert cli.main(["run", "--releases", "0.30.0,0.32.0", "--backend", "vllm", "--backend", "vllm-cpu"]) == 0
+    assert ran == {"rels": ["0.30.0", "0.32.0"], "rest": ["--backend", "vllm", "--backend", "vllm-cpu"]}
+
+
 def test_the_child_runs_keep_every_other_option():
     argv = ["run", "--releases", "0.30.0,0.32.0", "--profile", "dev", "--report=r/x.json", "--junit", "j.xml", "--kernel", "k"]
     assert cli.without(argv[1:], "--releases", "--report", "--junit") == ["--profile", "dev", "--kernel", "k"]
