@@ -946,6 +946,12 @@ RESAMPLE = KernelSpec(
 )
 
 
+# 0.30.0 drew its noise from Philox (tl.randint of seed and position, then tl.rand), not murmur3:
+# another stream, so its kernel is declared (drift), not bound.
+RESAMPLE.earlier = (Earlier("0.30.0", tuple(n for n in RESAMPLE.arg_names if n not in ("watermarking_skip_mask_ptr", "DEDUPLICATE_CONTEXTS")),
+                            "Philox Gumbel noise, every watermarked row watermarked (no skip mask, no DEDUPLICATE_CONTEXTS)"),)
+
+
 # -- K18 -------------------------------------------------------------------------------------------
 def insert_rows(a: Mapping[str, Any]) -> list[tuple[int, int, bool]]:
     """(request, accepted count k, writes) per request: K18 inserts at column k unless the request

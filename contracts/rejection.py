@@ -9,6 +9,7 @@ import torch
 
 from contracts.spec import (
     INT,
+    Earlier,
     Flag,
     KernelSpec,
     Role,
@@ -338,6 +339,34 @@ def _recovered_bytes(a: Mapping[str, Any]) -> int:
     return moved
 
 
+# -- earlier releases (KernelSpec.earlier), from their source distributions ---------------------
+def _negative_draft(a: Mapping[str, Any], greedy_rows: bool) -> bool:
+    """Whether a row the kernel processes (greedy or not, by ``is_greedy``) holds a negative draft."""
+    cu, g, d = a["cu_num_draft_tokens_ptr"], a["is_greedy_ptr"], a["draft_token_ids_ptr"]
+    for r, (s, n) in enumerate(zip(starts(cu).tolist(), counts(cu).tolist())):
+        if (g is None or bool(g[r]) == greedy_rows) and n and bool((d[s : s + n] < 0).any()):
+            return True
+    return False
+
+
+def _greedy_predates(a: Mapping[str, Any]) -> str | None:
+    if a["SYNTHETIC_MODE"] and _negative_draft(a, True):
+        return "C13's rejection of a padded (-1) draft in synthetic mode (0.30.0)"
+    return None
+
+
+def _random_predates(a: Mapping[str, Any]) -> str | None:
+    return "C10 negative draft (0.30.0)" if _negative_draft(a, False) else None
+
+
+def _recovered_bind(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in a.items() if k != "USE_FP64_GUMBEL"}
+
+
+def _recovered_predates(a: Mapping[str, Any]) -> str | None:
+    return "C17 fp64 Gumbel (0.30.0)" if a["USE_FP64_GUMBEL"] else None
+
+
 # -- the contracts ---------------------------------------------------------------------------------
 _OUT = dict(role=Role.OUT, ndim=(1, 2))
 
@@ -443,5 +472,14 @@ SAMPLE_RECOVERED = KernelSpec(
     rule=_rule_recovered,
     bytes_moved=_recovered_bytes,
 )
+
+# Through 0.21.0 the same parameters held rules that came later (a padded draft was judged like any
+# token), and K4 had no fp64 Gumbel switch.
+REJECTION_GREEDY.earlier = (Earlier("0.21.0", REJECTION_GREEDY.arg_names, "synthetic mode accepts a padded (-1) draft",
+                                    dict, _greedy_predates),)
+REJECTION_RANDOM.earlier = (Earlier("0.21.0", REJECTION_RANDOM.arg_names, "a negative draft is judged like any token",
+                                    dict, _random_predates),)
+SAMPLE_RECOVERED.earlier = (Earlier("0.21.0", tuple(n for n in SAMPLE_RECOVERED.arg_names if n != "USE_FP64_GUMBEL"),
+                                    "float32 Gumbel only (no USE_FP64_GUMBEL)", _recovered_bind, _recovered_predates),)
 
 SPECS = (REJECTION_GREEDY, REJECTION_RANDOM, EXPAND, SAMPLE_RECOVERED)

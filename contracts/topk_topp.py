@@ -17,6 +17,7 @@ import torch
 
 from contracts._checks import flat_view, require_rows
 from contracts.spec import (
+    Earlier,
     Flag,
     KernelSpec,
     Role,
@@ -317,5 +318,21 @@ TOPP_STEP = _split_spec(STEP_KERNEL, (
 TOPP_MASK = _split_spec(MASK_KERNEL, (
     *_split_params(logits_role=Role.INOUT), _parts(Role.IN), *_k_p(), _HAS_K,
     constexpr("MASK_VALUE", "what a masked logit becomes (float32)", dtypes=(F32,)), _S, _F, _ROUNDS, _VOCAB, _BLOCK))
+
+
+
+def _bind_0_21(a: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM 0.20.0-0.21.0's launch of K19: contiguous rows, no split pipeline beside it."""
+    return {k: v for k, v in a.items() if k not in ("LOGITS_STRIDE_0", "SPLIT_COVERS_PONLY")}
+
+
+def _predates_0_21(a: Mapping[str, Any]) -> str | None:
+    if a["LOGITS_STRIDE_0"] != a["VOCAB_SIZE"]:
+        return "strided logits rows (LOGITS_STRIDE_0, 0.30.0)"
+    return "C36's split pipeline owning top-p of rows with k >= V (0.30.0)" if a["SPLIT_COVERS_PONLY"] else None
+
+
+TOPK_TOPP.earlier = (Earlier("0.21.0", tuple(n for n in TOPK_TOPP.arg_names if n not in ("LOGITS_STRIDE_0", "SPLIT_COVERS_PONLY")),
+                             "contiguous rows only, and no split top-p pipeline", _bind_0_21, _predates_0_21),)
 
 SPECS = (TOPK_TOPP, TOPP_STATS, TOPP_STEP, TOPP_MASK)

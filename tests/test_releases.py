@@ -8,28 +8,30 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from conformance import engine
 from conformance.backends import BACKENDS
 from conformance.case import Case
 from conformance.findings import Findings
 from conformance.runner import Outcome, diffs_against
-from contracts import mrv2
+from contracts import mrv2, rejection
+from contracts.spec import KernelSpec
 
 K16 = mrv2.REJECTION
-UTILS = "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py"
 
 
-def _tree(root: Path, release: str, params: tuple[str, ...], *, cpu_port: bool) -> Path:
-    """A vLLM source tree holding one release's K16 (its parameter list; the body is never run)."""
+def _tree(root: Path, release: str, params: tuple[str, ...], *, cpu_port: bool, spec: KernelSpec = K16) -> Path:
+    """A vLLM source tree holding one release's kernel (its parameter list; the body is never run)."""
     (root / "vllm").mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text("")
     (root / "vllm" / "_version.py").write_text(f"__version__ = version = '{release}'\n")
     (root / "csrc" / "cpu").mkdir(parents=True)
-    kernel = root / UTILS
-    kernel.parent.mkdir(parents=True)
+    module, _, name = spec.qualname.rpartition(".")
+    kernel = root / (module.replace(".", "/") + ".py")
+    kernel.parent.mkdir(parents=True, exist_ok=True)
     kernel.write_text("from vllm.triton_utils import tl, triton\n\n\n@triton.jit\n"
-                      f"def _rejection_kernel({', '.join(params)}):\n    pass\n")
+                      f"def {name}({', '.join(params)}):\n    pass\n")
     if cpu_port:
         for f in (engine.CPU_ADAPTERS, engine.DISPATCHER, engine.CPU_PLATFORM):
             (root / f).parent.mkdir(parents=True, exist_ok=True)
@@ -41,8 +43,8 @@ def _tree(root: Path, release: str, params: tuple[str, ...], *, cpu_port: bool) 
 def release(tmp_path):
     before = engine.named()
 
-    def use(release: str, params: tuple[str, ...], cpu_port: bool = True) -> None:
-        engine.use(str(_tree(tmp_path / release, release, params, cpu_port=cpu_port)))
+    def use(release: str, params: tuple[str, ...], cpu_port: bool = True, spec: KernelSpec = K16) -> None:
+        engine.use(str(_tree(tmp_path / release, release, params, cpu_port=cpu_port, spec=spec)))
 
     yield use
     engine.use(before or "")
@@ -76,6 +78,21 @@ def test_a_declared_binding_launches_the_release_as_its_call_site_does(release):
     kernel = BACKENDS["vllm"].resolve(K16)
     assert isinstance(kernel, engine.Bound) and kernel.arg_names == K16.arg_names
     assert kernel.bind({p.name: 0 for p in K16.params}).keys() == set(K16.earlier[0].params)
+
+
+@pytest.mark.parametrize(("named", "bound"), [("0.20.2", True), ("0.21.0", True), ("0.30.0", False)])
+def test_a_rule_that_came_later_under_the_same_parameters_is_declared_by_release(release, named, bound):
+    # Through 0.21.0 the greedy kernel took 0.33.0's parameters but accepted a padded draft in synthetic mode.
+    spec = rejection.REJECTION_GREEDY
+    release(named, spec.arg_names, spec=spec)
+    kernel = BACKENDS["vllm"].resolve(spec)
+    assert isinstance(kernel, engine.Bound) is bound
+    if bound:
+        args = dict(output_token_ids_ptr=None, cu_num_draft_tokens_ptr=torch.tensor([2], dtype=torch.int32),
+                    draft_token_ids_ptr=torch.tensor([5, -1], dtype=torch.int32), is_greedy_ptr=None,
+                    SYNTHETIC_MODE=True)
+        with pytest.raises(ValueError, match=r"vLLM through 0.21.0 predates C13's rejection of a padded \(-1\) draft"):
+            kernel[(1,)](**args)
 
 
 def test_an_undeclared_signature_is_a_signature_failure(release):
@@ -130,6 +147,13 @@ def test_an_adapter_misaligned_with_its_kernel_is_named():
                                          "launched by position, 'slot_mapping' receives 'KV_CACHE_BLOCK_SIZE'")
     assert misbinding(("num_tokens", "positions", "slot_mapping", "kv_block", "pad"), kernel) is None  # renames
     assert misbinding(kernel, kernel) is None
+    # vLLM 0.20.x: the patched greedy adapter predates the synthetic-mode parameters its call site passes.
+    greedy = ("output", "cu", "draft", "target_argmax", "bonus", "is_greedy", "max_spec_len")
+    launched = (*greedy, "uniform_probs_ptr", "synthetic_conditional_rates_ptr", "SYNTHETIC_MODE")
+    assert misbinding(greedy, launched) == ("takes 7 parameters where the kernel's launches pass 10: 'uniform_probs_ptr', "
+                                            "'synthetic_conditional_rates_ptr', 'SYNTHETIC_MODE' have no place, "
+                                            "so every launch raises TypeError")
+    assert misbinding(greedy, launched, variadic=True) is None
 
 
 @pytest.mark.parametrize(("avx512", "bf16", "want"), [(False, False, "_C_AVX2"), (True, False, "_C_AVX512"), (True, True, "_C")])

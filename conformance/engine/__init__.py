@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import inspect
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +162,21 @@ def _params(kernel: Any) -> tuple[str, ...] | None:
     return tuple(names)
 
 
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", release)[:3])
+
+
 def declared_earlier(spec: KernelSpec, kernel: Any) -> Earlier | None:
-    """The contract's earlier signature (``KernelSpec.earlier``) ``kernel``'s parameters match, if any."""
+    """The contract's earlier signature (``KernelSpec.earlier``) ``kernel``'s parameters match, if any.
+    A declaration with the contract's own parameters (a rule that came later under the same names)
+    holds for the named release when it is no later than the declaration's ``through``."""
     names = _params(kernel)
-    return next((e for e in spec.earlier if e.params == names), None) if names != spec.arg_names else None
+    if names != spec.arg_names:
+        return next((e for e in spec.earlier if e.params == names), None)
+    named = release()
+    if named is None:
+        return None
+    return next((e for e in spec.earlier if e.params == names and _version(named) <= _version(e.through)), None)
 
 
 def signature_drift(spec: KernelSpec, kernel: Any) -> str | None:
@@ -224,7 +236,7 @@ def _cpu_kernel(spec: KernelSpec) -> Any:
     if wrong is not None:  # what every launch of the engine's CPU port would meet
         return Drifted(f"vLLM {located().release or located().label}'s {spec.name}: {wrong}", tuple(kernel.arg_names), False)
     wrapped = overrides().wrap(spec.qualname, kernel)
-    return Bound(wrapped, spec, bound.earlier) if bound is not None else wrapped
+    return Bound(wrapped, spec, bound.earlier) if bound is not None and wrapped is not None else wrapped
 
 
 def _cpu_lists(spec: KernelSpec) -> bool:

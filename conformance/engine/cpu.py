@@ -247,10 +247,14 @@ class CpuOverrides:
         if name is None or not names:
             return None
         try:
-            taken = tuple(inspect.signature(getattr(self.adapters, name)).parameters)
+            adapter = getattr(self.adapters, name)
+            # Before 0.31.0 the runner patched in a _FuncWrapper whose `func` the launch calls.
+            params = inspect.signature(getattr(adapter, "func", adapter)).parameters
         except (TypeError, ValueError):
             return None
-        wrong = misbinding(taken, names)
+        variadic = any(p.kind == p.VAR_POSITIONAL for p in params.values())
+        taken = tuple(n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        wrong = misbinding(taken, names, variadic)
         return None if wrong is None else f"its CPU adapter {name} {wrong}"
 
     def wrap(self, qualname: str, kernel: Any) -> Any:
@@ -262,14 +266,19 @@ class CpuOverrides:
         return self.dispatcher.KernelOverride(kernel, getattr(self.adapters, name))
 
 
-def misbinding(taken: tuple[str, ...], passed: tuple[str, ...]) -> str | None:
-    """How an adapter taking ``taken`` misaligns with a kernel whose launches pass ``passed``, or None.
-    vLLM's KernelOverride passes a launch to an adapter with other names by position, in the kernel's
-    order, so an adapter parameter named after another position's kernel parameter (``slot_mapping``
-    for ``slot_mapping_ptr``) receives the wrong argument; renames (``input_ptr`` as ``input_val``) are
-    fine."""
+def misbinding(taken: tuple[str, ...], passed: tuple[str, ...], variadic: bool = False) -> str | None:
+    """How an adapter taking ``taken`` (``variadic``: and ``*args``) misaligns with a kernel whose
+    launches pass ``passed``, or None. vLLM's KernelOverride (and, before it, the patched adapter)
+    receives a launch by position, in the kernel's order: an adapter with fewer parameters cannot
+    take it, and one named after another position's kernel parameter (``slot_mapping`` for
+    ``slot_mapping_ptr``) receives the wrong argument; renames (``input_ptr`` as ``input_val``) are fine."""
     if taken == passed:
         return None  # forwarded by name
+    if len(passed) > len(taken) and not variadic:
+        known = {n.removesuffix("_ptr") for n in taken}
+        left = [n for n in passed if n.removesuffix("_ptr") not in known] or passed[len(taken):]
+        return (f"takes {len(taken)} parameters where the kernel's launches pass {len(passed)}: "
+                f"{', '.join(repr(n) for n in left)} have no place, so every launch raises TypeError")
     where = {n.removesuffix("_ptr"): i for i, n in enumerate(passed)}
     for i, n in enumerate(taken):
         j = where.get(n.removesuffix("_ptr"))
