@@ -67,3 +67,13 @@ def test_an_expected_finding_of_some_releases_applies_to_those_alone(tmp_path):
 
     with pytest.raises(ValueError, match="'releases' must be a list"):
         expected(path, "0.32.0")
+
+
+def test_a_kernel_the_engine_computes_apart_reads_na_on_every_release():
+    from conformance import suite
+
+    runnable, skipped = suite.available("_topp_sb_stats_kernel", ["reference", "vllm", "vllm-cpu"], set())
+    assert runnable == ["reference"]
+    assert {b: e["status"] for b, e in skipped.items()} == {"vllm": "n/a", "vllm-cpu": "n/a"}
+    assert "keep float32 softmax partials" in skipped["vllm"]["message"]
+    assert releases.cell({"kernels": {"k": {"vllm": skipped["vllm"]}}, "findings": []}, "k", "vllm") == "n/a"
