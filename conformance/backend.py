@@ -64,9 +64,17 @@ class Backend:
     # Its kernels take a pointer table as vLLM's do, a uint64 tensor of addresses: a launch's
     # :class:`Table` reaches them so (the tensors stay alive in the launch's arguments).
     addresses: bool = False
+    # It has a form of vLLM's C++ CPU ops (KernelSpec.op): not vLLM's Triton kernels.
+    ops: bool = True
 
     def applies(self, spec: KernelSpec) -> bool:
-        return not (spec.host and self.triton)
+        return not (spec.host and self.triton) and (self.ops or not spec.op)
+
+    def inapplicable(self, spec: KernelSpec) -> str:
+        """Why ``spec`` has no form here (where :meth:`applies` is False)."""
+        if spec.op:
+            return f"vLLM implements {spec.name} as a C++ op of its CPU build (torch.ops._C.{spec.op}): it has no Triton form"
+        return f"vLLM implements {spec.name} in PyTorch on the host: it has no Triton form"
 
     def has(self, spec: KernelSpec) -> bool:
         """Whether this backend implements ``spec``, as cheaply as it can tell (``list``)."""

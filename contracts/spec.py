@@ -186,6 +186,9 @@ class Earlier:
     predates: Callable[[Mapping[str, Any]], str | None] | None = None
 
 
+OPS = "torch.ops._C."  # the qualname prefix of vLLM's C++ ops (KernelSpec.op)
+
+
 @dataclass
 class KernelSpec:
     """The contract of one kernel; backends register on it by name (see backends.py)."""
@@ -249,6 +252,12 @@ class KernelSpec:
     @property
     def arg_names(self) -> tuple[str, ...]:
         return self._names
+
+    @property
+    def op(self) -> str:
+        """The C++ op of vLLM's CPU build this contract specifies (qualname ``torch.ops._C.<op>``), or "".
+        Such an op takes the contract's inputs in order and returns its one output."""
+        return self.qualname.removeprefix(OPS) if self.qualname.startswith(OPS) else ""
 
     @property
     def constexprs(self) -> tuple[int, ...]:

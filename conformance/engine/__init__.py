@@ -226,7 +226,39 @@ def _triton_kernel(spec: KernelSpec) -> Any:
     return _HostFunction(kernel) if spec.host else kernel
 
 
+class _Op:
+    """One of vLLM's C++ CPU ops launched as its contract: the contract's inputs in order, the
+    returned tensor written into the contract's one output (checked: shape and dtype)."""
+
+    def __init__(self, spec: KernelSpec, op: Any) -> None:
+        self.spec, self.op = spec, op
+        self.arg_names = spec.arg_names
+        (self.out,) = spec.outputs
+        self.inputs = tuple(p.name for p in spec.params if not p.is_output)
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        a = {**dict(zip(self.arg_names, args)), **kwargs}
+        got = self.op(*(a[n] for n in self.inputs))
+        want = a[self.out.name]
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+            what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
+            raise TypeError(f"torch.ops._C.{self.spec.op} returned {what} where the contract's '{self.out.name}' is "
+                            f"{tuple(want.shape)} {want.dtype}")
+        want.copy_(got)
+
+
+def _op(spec: KernelSpec) -> Any:
+    """vLLM's C++ op for ``spec`` (KernelSpec.op) from the CPU build, or None where the release lacks it."""
+    overrides()  # loads the ops
+    return _Op(spec, getattr(torch.ops._C, spec.op)) if hasattr(torch.ops._C, spec.op) else None
+
+
 def _cpu_kernel(spec: KernelSpec) -> Any:
+    if spec.op:
+        return _op(spec)
     kernel = _triton_kernel(spec)
     if isinstance(kernel, Drifted):
         return kernel
@@ -243,6 +275,9 @@ def _cpu_lists(spec: KernelSpec) -> bool:
     """Whether the engine's CPU port overrides ``spec``, read from vLLM's source: nothing built or loaded."""
     from conformance.engine.cpu import override_table
 
+    if spec.op:
+        src = located()
+        return src.csrc is not None and f'"{spec.op}(' in (src.csrc / "cpu" / "torch_bindings.cpp").read_text()
     return not spec.engine_apart and spec.qualname in override_table(located())
 
 
@@ -359,7 +394,7 @@ TRITON_CAPABILITIES = (
 # Registered by conformance.backends, after the built-in backends.
 BACKENDS = (
     Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {triton_mode()}", lambda: _unavailable(False),
-            engine=True, capabilities=TRITON_CAPABILITIES, addresses=True),
+            engine=True, capabilities=TRITON_CAPABILITIES, addresses=True, ops=False),
     Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
             engine=True, capabilities=CPU_CAPABILITIES, launch_options=False, lists=_cpu_lists),
 )

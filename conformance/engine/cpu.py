@@ -34,6 +34,20 @@ from conformance.engine.source import SourceError, VllmSource, cache_dir, cache_
 
 # The files defining the ops the adapters call; utils.cpp holds compute_slot_mapping_kernel_impl.
 CPU_SOURCES = ("cpu/spec_decode_utils.cpp", "cpu/utils.cpp")
+# Ops the contracts specify themselves (KernelSpec.op), by the file that defines them where a
+# release has it: the V1 sampler's CPU argmaxes (0.32.0 on).
+OP_SOURCES = {"cpu/sampling_kernels.cpp": ("fused_gumbel_argmax", "greedy_argmax")}
+
+
+def sources(source: VllmSource) -> tuple[tuple[str, ...], list[str]]:
+    """The C++ files to build from ``source`` and the contracts' ops among them."""
+    assert source.csrc is not None
+    files, ops = list(CPU_SOURCES), []
+    for rel, defined in OP_SOURCES.items():
+        if (source.csrc / rel).is_file():
+            files.append(rel)
+            ops += defined
+    return tuple(files), ops
 # vLLM builds its CPU extension with these (cmake/cpu_extension.cmake); NUMA binding is not ours to test.
 CXXFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-fPIC", "-DVLLM_NUMA_DISABLED")
 
@@ -50,15 +64,22 @@ def registration(bindings: str, ops: list[str]) -> str:
     for m in re.finditer(r'ops\.def\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+),\s*&([\w:]+)\s*\)', bindings):
         schema = _strings(m.group(1))
         defined[schema.split("(", 1)[0]] = (schema, m.group(2))
+    # The other form: ops.def("schema"); ops.impl("name", torch::kCPU, &fn) (the sampler's argmaxes).
+    impls = dict(re.findall(r'ops\.impl\(\s*"(\w+)"\s*,\s*torch::kCPU\s*,\s*&([\w:]+)\s*\)', bindings))
+    for m in re.finditer(r'ops\.def\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\)', bindings):
+        schema = _strings(m.group(1))
+        name = schema.split("(", 1)[0]
+        if name in impls and name not in defined:
+            defined[name] = (schema, impls[name])
     decls, defs = [], []
     for op in ops:
         if op not in defined:
             raise SourceError(f"torch_bindings.cpp has no `ops.def(\"{op}(...)\", &fn)` for the op the CPU overrides call")
         schema, fn = defined[op]
         namespace, _, plain = fn.rpartition("::")
-        d = re.search(rf"\bvoid\s+{plain}\s*\([^;{{]*\)\s*;", bindings)
+        d = re.search(rf"\b(?:void|torch::Tensor|at::Tensor)\s+{plain}\s*\([^;{{]*\)\s*;", bindings)
         if d is None:
-            raise SourceError(f"torch_bindings.cpp declares no `void {plain}(...)`")
+            raise SourceError(f"torch_bindings.cpp declares no `void {plain}(...)` or `torch::Tensor {plain}(...)`")
         decls.append(f"namespace {namespace} {{ {d.group(0)} }}" if namespace else d.group(0))
         defs.append(f'  ops.def("{schema}", &{fn});')
     return "\n".join([
@@ -79,10 +100,11 @@ def build(source: VllmSource, extra: tuple[str, ...] = ()) -> Path:
     if source.csrc is None:
         raise SourceError(f"vllm-cpu needs vLLM's C++ sources (csrc/cpu), which {source.label} lacks: pass a release or a source tree")
     adapters = (source.root / "vllm" / "utils" / "cpu_triton_utils.py").read_text()
-    shim = registration((source.csrc / "cpu" / "torch_bindings.cpp").read_text(), op_names(adapters))
+    files, ops = sources(source)
+    shim = registration((source.csrc / "cpu" / "torch_bindings.cpp").read_text(), sorted({*op_names(adapters), *ops}))
     flags = [*CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *extra]
     h = hashlib.sha256(shim.encode())
-    for rel in CPU_SOURCES:
+    for rel in files:
         h.update((source.csrc / rel).read_bytes())
     for name in sorted((source.csrc / "cpu").glob("*.h*")):
         h.update(name.read_bytes())
@@ -106,10 +128,11 @@ def _compile(source: VllmSource, shim: str, flags: list[str], out: Path) -> Path
     unit.write_text(shim)
     includes = [f"-I{p}" for p in (source.csrc, source.csrc / "cpu", *cpp_extension.include_paths())]
     libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
-    units = [source.csrc / r for r in CPU_SOURCES] + [unit]
+    files, _ = sources(source)
+    units = [source.csrc / r for r in files] + [unit]
     objects = [out.with_suffix(f".{i}.o") for i in range(len(units))]
     part = out.with_suffix(".part.so")
-    print(f"building vLLM's CPU ops from {source.csrc / 'cpu'} ({len(CPU_SOURCES)} files; cached as {out.name})", file=sys.stderr, flush=True)
+    print(f"building vLLM's CPU ops from {source.csrc / 'cpu'} ({len(files)} files; cached as {out.name})", file=sys.stderr, flush=True)
 
     def run(cmd: list[str]) -> None:
         done = subprocess.run(cmd, capture_output=True, text=True)

@@ -366,10 +366,31 @@ def vllm_unavailable() -> str | None:
     return BACKENDS["vllm"].unavailable()
 
 
+def check_op(spec: KernelSpec) -> Check:
+    """A C++ op's schema in vLLM's ``torch_bindings.cpp``: its arguments are the contract's inputs."""
+    import re
+
+    from conformance import engine
+
+    src = engine.located()
+    if src.csrc is None:
+        return Check(spec.name, "vllm", "names", None, f"{src.label} has no csrc/ to read torch.ops._C.{spec.op}'s schema from")
+    bindings = (src.csrc / "cpu" / "torch_bindings.cpp").read_text()
+    m = re.search(rf'"{re.escape(spec.op)}\(([^)]*)\)', bindings)
+    if m is None:
+        other = src.release is not None and src.release != engine.REFERENCE_RELEASE
+        return Check(spec.name, "vllm", "names", None if other else False, f"torch.ops._C.{spec.op} not in vLLM {src.release or ''}".rstrip())
+    names = [a.split()[-1] for a in m.group(1).split(",") if a.strip()]
+    want = [p.name for p in spec.params if not p.is_output]
+    return Check(spec.name, "vllm", "names", names == want, "" if names == want else _diff_names(want, names))
+
+
 def check_vllm(spec: KernelSpec) -> list[Check]:
     why = vllm_unavailable()
     if why is not None:
         return [Check(spec.name, "vllm", "names", None, why)]
+    if spec.op:
+        return [check_op(spec)]
     try:
         # vLLM's own object, even where the engine backend leaves it out of comparison (engine_apart).
         from conformance.engine import loader
