@@ -143,6 +143,20 @@ def _ill_conditioned_residual(a: Mapping[str, Any], output: str, index: int) -> 
     return bool((ratio[scores.topk(min(2, scores.numel())).indices] >= 0.9).any())
 
 
+def _near_min_p_threshold(a: Mapping[str, Any], output: str, index: int) -> bool:
+    """K37's cell holds a logit within 1e-6 (relative, absolute below 1) of its row's threshold: an
+    approximate log of min-p may put it on the other side."""
+    stride = a["logits_stride"] or 1
+    r, c = divmod(index, stride)
+    if r >= a["logits_ptr"].shape[0] or c >= a["vocab_size"]:
+        return False
+    row = a["logits_ptr"][r, : a["vocab_size"]]
+    p = a["min_p_ptr"][int(a["expanded_idx_mapping_ptr"][r])]
+    t = float(row.max()) + math.log(float(p)) if float(p) > 0 else math.nan
+    x = float(row[c])
+    return math.isfinite(t) and math.isfinite(x) and abs(x - t) <= 1e-6 * max(1.0, abs(t))
+
+
 def _outputs(*names: str) -> Callable[[Mapping[str, Any], str, int], bool]:
     return lambda a, output, index: output in names
 
@@ -237,6 +251,18 @@ DEPARTURES: tuple[Departure, ...] = (
         "NaN scores never win (the contract maps them below every number); compiled Triton's max and argmax "
         "over a tile holding a NaN are platform-defined, so a row with a NaN probability may pick another index",
         _nan_in_row,
+    ),
+    Departure(
+        "C6", ("_temperature_kernel",), ("compiled",),
+        "logits are divided by the temperature rounded to nearest (C41); compiled Triton's `/` is approximate "
+        "(<= 2 ulp)",
+        _outputs("logits_ptr"), _within(2.5e-7),
+    ),
+    Departure(
+        "C29", ("_min_p_kernel",), ("compiled",),
+        "the min-p threshold adds C29's log of min-p; compiled Triton's tl.log is approximate, so a logit within "
+        "1e-6 of the threshold may fall on the other side",
+        _near_min_p_threshold,
     ),
     Departure(
         "C4", None, None,

@@ -382,7 +382,7 @@ class KernelSpec:
             raise ValueError(f"{self.name}: '{name}' must have {_dims(p.ndim)}, got shape {tuple(v.shape)}")
         if p.contiguous and not v.is_contiguous():
             raise ValueError(f"{self.name}: '{name}' must be contiguous")
-        if not p.contiguous and v.dim() > 1 and v.stride(-1) != 1:
+        if not p.contiguous and v.dim() > 1 and not v.is_contiguous() and v.stride(-1) != 1:
             raise ValueError(f"{self.name}: '{name}' must have unit inner stride")
 
     def check_overlap(self, a: Mapping[str, Any]) -> None:

@@ -1,0 +1,117 @@
+"""Rows for Model Runner V2's sampling parameters: requests sharing rows (a request's verification
+rows), temperatures 0, -0.0, 1, tiny, huge, negative and non-finite, min-p 0, 1, tiny, above 1 and
+negative, logits at the min-p threshold, -inf and non-finite logits, strided rows and vocabularies
+off the tile width."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+
+from conformance.case import Case
+from conformance.coverage import Args, Outputs, StateClass
+from conformance.strategies import cases_for, generator, int_dtypes, seeds
+from contracts import sample as contract
+
+TEMPERATURES = (0.0, -0.0, 1.0, 0.7, 1.3, 2.0, 1e-7, 3e-39, 5e6, 1e30, -0.5, float("inf"), float("nan"))
+MIN_PS = (0.0, 0.0, 0.05, 0.1, 0.5, 1.0, 1e-9, 1.5, -0.1, float("nan"))
+
+
+@st.composite
+def _launch(draw: st.DrawFn, kernel: str, values: tuple[float, ...]) -> Case:
+    g = generator(draw(seeds))
+    n = draw(st.integers(0, 6))
+    v = draw(st.one_of(st.integers(0, 40), st.integers(41, 700), st.sampled_from([1024, 2049])))
+    states = draw(st.integers(1, 6))
+    mapping = draw(st.lists(st.integers(0, states - 1), min_size=n, max_size=n))
+    params = torch.tensor([draw(st.sampled_from(values)) for _ in range(states)], dtype=torch.float32)
+    pad = draw(st.sampled_from([0, 0, 3, 17]))
+    logits = torch.randn(n, v + pad, generator=g) * draw(st.sampled_from([0.5, 3.0, 40.0]))
+    if n and v:
+        logits.view(-1)[torch.randint(0, n * (v + pad), (max(1, n * v // 10),), generator=g)] = float("-inf")
+        if kernel == contract.K36 and draw(st.booleans()):
+            logits[0, draw(st.integers(0, v - 1))] = draw(st.sampled_from([float("inf"), float("nan"), -0.0, 1e-40]))
+            event("a non-finite or tiny logit")
+    if pad and draw(st.booleans()):
+        logits = logits[:, :v]  # rows inside a wider buffer
+        event("strided rows")
+    if kernel == contract.K37 and n and v:  # a logit exactly at its row's threshold: kept (x < threshold masks)
+        r = draw(st.integers(0, n - 1))
+        p = params[mapping[r]]
+        row = logits[r, :v]
+        if 0.0 < float(p) <= 1.0 and bool(torch.isfinite(row.max())):
+            row[draw(st.integers(0, v - 1))] = contract.min_p_threshold(row.max(), p)
+            event("a logit at the threshold")
+    block = draw(st.sampled_from([16, 64, 1024] if v <= 1024 else [1024, 8192]))
+    args = dict(
+        logits_ptr=logits,
+        logits_stride=logits.stride(0) if n else v,
+        expanded_idx_mapping_ptr=torch.tensor(mapping, dtype=torch.int64).to(draw(int_dtypes)),
+        **{"temperature_ptr" if kernel == contract.K36 else "min_p_ptr": params},
+        vocab_size=v,
+        BLOCK_SIZE=block,
+    )
+    return Case(kernel, args)
+
+
+@cases_for(contract.K36)
+def temperature_cases() -> st.SearchStrategy[Case]:
+    return _launch(contract.K36, TEMPERATURES)
+
+
+@cases_for(contract.K37)
+def min_p_cases() -> st.SearchStrategy[Case]:
+    return _launch(contract.K37, MIN_PS)
+
+
+def _rows(test: Callable[[Args, Outputs, int, float], bool], table: str) -> Callable[[str, Args, Outputs], int]:
+    def count(kernel: str, a: Args, out: Outputs) -> int:
+        if not a["vocab_size"]:
+            return 0
+        return sum(1 for r in range(contract.rows(a)) if test(a, out, r, float(a[table][int(a["expanded_idx_mapping_ptr"][r])])))
+
+    return count
+
+
+def _untouched(a: Args, out: Outputs, r: int, value: float) -> bool:
+    return value == 0.0 or (value == 1.0 and "temperature_ptr" in a)
+
+
+def _far(a: Args, out: Outputs, r: int, t: float) -> bool:
+    return t != 0.0 and not (2.0**-20 <= abs(t) <= 2.0**20)  # Triton's reciprocal range: the general division
+
+
+def _masks(a: Args, out: Outputs, r: int, p: float) -> bool:
+    before = a["logits_ptr"][r, : a["vocab_size"]]
+    after = out["logits_ptr"][r, : a["vocab_size"]]
+    return bool(((after == float("-inf")) & (before != float("-inf"))).any())
+
+
+def _whole(a: Args, out: Outputs, r: int, p: float) -> bool:
+    return bool((out["logits_ptr"][r, : a["vocab_size"]] == float("-inf")).all()) and _masks(a, out, r, p)
+
+
+def _ties_kept(a: Args, out: Outputs, r: int, p: float) -> bool:
+    return p == 1.0 and _masks(a, out, r, p)
+
+
+def _at_threshold(a: Args, out: Outputs, r: int, p: float) -> bool:
+    row = a["logits_ptr"][r, : a["vocab_size"]]
+    if p == 0.0 or not bool(torch.isfinite(row.max())):
+        return False
+    return bool((row == contract.min_p_threshold(row.max(), torch.tensor(p))).any())
+
+
+CLASSES: tuple[StateClass, ...] = (
+    StateClass("row untouched", (contract.K36, contract.K37), lambda k, a, o: _rows(_untouched, "temperature_ptr" if k == contract.K36 else "min_p_ptr")(k, a, o),
+               "temperature 0 (-0.0 too) or 1; min-p 0: the row is not written"),
+    StateClass("temperature outside [2**-20, 2**20]", (contract.K36,), _rows(_far, "temperature_ptr"),
+               "tiny, huge, negative or non-finite: our Triton divides the general way"),
+    StateClass("min-p masks", (contract.K37,), _rows(_masks, "min_p_ptr"), "logits below max + log(min_p) become -inf"),
+    StateClass("min-p 1 keeps the maximum's ties", (contract.K37,), _rows(_ties_kept, "min_p_ptr"), "threshold = max"),
+    StateClass("a row masked whole", (contract.K37,), _rows(_whole, "min_p_ptr"), "min-p above 1: the threshold exceeds the maximum"),
+    StateClass("a logit at the threshold", (contract.K37,), _rows(_at_threshold, "min_p_ptr"), "kept: only logits below it are masked"),
+)
