@@ -64,21 +64,30 @@ def _preconditions(name: str, per_request: str) -> Any:
                 i = int(bad.nonzero()[0])
                 raise ValueError(f"{name}: 'expanded_idx_mapping_ptr' entry {i} = {int(m[i])} must index '{per_request}' "
                                  f"of {states} request states")
-        if name == K37 and n and v:
-            _no_nan_where_read(a)
+        if n and v:
+            _read_rows(name, a)
 
     return check
 
 
-def _no_nan_where_read(a: Mapping[str, Any]) -> None:
-    """K37's rows with min-p: no NaN logit (C41: a NaN maximum is platform-defined, as C30 says)."""
+def _read_rows(name: str, a: Mapping[str, Any]) -> None:
+    """C41's domain where a row is read: no NaN logit (a NaN maximum, and a NaN quotient's bits, are
+    platform-defined, as C30 says), and a temperature that divides is finite and positive (vLLM's
+    sampling parameters refuse a negative one; NaN and infinite ones make NaN quotients)."""
+    table = "temperature_ptr" if name == K36 else "min_p_ptr"
     for r in range(rows(a)):
-        if float(a["min_p_ptr"][int(a["expanded_idx_mapping_ptr"][r])]) == 0.0:
+        s = int(a["expanded_idx_mapping_ptr"][r])
+        value = float(a[table][s])
+        if value == 0.0 or (name == K36 and value == 1.0):
             continue
+        if name == K36:
+            require(0.0 < value < float("inf"), name, table,
+                    f"must be 0, 1, or finite and positive where a row divides by it (C41); state {s} holds {value!r}")
         row = a["logits_ptr"][r, : a["vocab_size"]]
         if bool(torch.isnan(row).any()):
             c = int(torch.isnan(row).nonzero()[0])
-            raise ValueError(f"{K37}: 'logits_ptr' must hold no NaN in a row with min-p (C41); row {r}, column {c}")
+            raise ValueError(f"{name}: 'logits_ptr' must hold no NaN in a row it {'divides' if name == K36 else 'masks'} "
+                             f"(C41); row {r}, column {c}")
 
 
 def min_p_threshold(row_max: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -50,11 +50,30 @@ std::vector<std::int64_t> check_rows(const char* kernel, const char* table, cons
   return states;
 }
 
+// C41's domain where a row is read: no NaN logit, and a temperature that divides finite and positive.
+void check_read_rows(const char* kernel, const char* table, const Strided& logits, std::int64_t stride,
+                     const std::vector<std::int64_t>& states, const float* params, std::int64_t v, bool divides) {
+  const float* base = logits.as<float>();
+  for (std::int64_t r = 0; r < logits.rows; ++r) {
+    const float value = params[states[r]];
+    if (value == 0.0f || (divides && value == 1.0f) || v == 0) continue;
+    if (divides && !(value > 0.0f && value < std::numeric_limits<float>::infinity()))
+      fail(kernel, table, "must be 0, 1, or finite and positive where a row divides by it (C41); state " +
+                              std::to_string(states[r]) + " holds " + std::to_string(value));
+    const float* row = base + r * stride;
+    for (std::int64_t c = 0; c < v; ++c)
+      if (std::isnan(row[c]))
+        fail(kernel, "logits_ptr", std::string("must hold no NaN in a row it ") + (divides ? "divides" : "masks") +
+                                       " (C41); row " + std::to_string(r) + ", column " + std::to_string(c));
+  }
+}
+
 void temperature(Strided logits, std::int64_t stride, Buffer mapping, Buffer temperature, std::int64_t v, std::int64_t block) {
   const std::vector<std::int64_t> states = check_rows(kTemperature, "temperature_ptr", logits, stride, mapping, temperature, v, block);
   const std::int64_t n = logits.rows;
   float* base = logits.as<float>();
   const float* temp = temperature.as<float>();
+  check_read_rows(kTemperature, "temperature_ptr", logits, stride, states, temp, v, true);
   NoGil nogil;
 #pragma omp parallel for schedule(static) if (worth_team(n * v, 1 << 15))
   for (std::int64_t r = 0; r < n; ++r) {
@@ -71,14 +90,7 @@ void min_p(Strided logits, std::int64_t stride, Buffer mapping, Buffer min_p, st
   const std::int64_t n = logits.rows;
   float* base = logits.as<float>();
   const float* p = min_p.as<float>();
-  for (std::int64_t r = 0; r < n; ++r) {
-    if (p[states[r]] == 0.0f) continue;
-    const float* row = base + r * stride;
-    for (std::int64_t c = 0; c < v; ++c)
-      if (std::isnan(row[c]))
-        fail(kMinP, "logits_ptr", "must hold no NaN in a row with min-p (C41); row " + std::to_string(r) + ", column " +
-                                      std::to_string(c));
-  }
+  check_read_rows(kMinP, "min_p_ptr", logits, stride, states, p, v, false);
   NoGil nogil;
 #pragma omp parallel for schedule(static) if (worth_team(n * v, 1 << 15))
   for (std::int64_t r = 0; r < n; ++r) {
