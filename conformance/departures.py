@@ -134,6 +134,19 @@ def _near_resample_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
     return bool(torch.isfinite(top).all()) and float(top[0] - top[-1]) <= 1e-5 * max(1.0, abs(float(top[0])))
 
 
+def _near_sample_tie(a: Mapping[str, Any], output: str, index: int) -> bool:
+    """K38's tile (of ``index``) has a runner-up score within 1e-5 (relative, at least absolute) of its
+    winner: noise from another log, or another rounding of the quotient, may pick it."""
+    from reference import sample as oracle
+
+    r, b = divmod(index, max(a[output.removesuffix("_ptr") + "_stride"], 1))
+    if r >= a["logits_ptr"].shape[0] or output == "logits_cache_ptr":
+        return False
+    scores = oracle.gumbel_scores(dict(a), r)[b].double()
+    top = scores.topk(2).values if scores.numel() > 1 else scores
+    return bool(torch.isfinite(top).all()) and float(top[0] - top[-1]) <= 1e-5 * max(1.0, abs(float(top[0])))
+
+
 def _ill_conditioned_residual(a: Mapping[str, Any], output: str, index: int) -> bool:
     """K17's tile (of ``index``) has, among its two best scores, a residual ``log p + log(1 - r)`` at a
     ratio r = q/p >= 0.9: an error e in r moves it by e r / (1 - r), ten times or more."""
@@ -251,6 +264,22 @@ DEPARTURES: tuple[Departure, ...] = (
         "NaN scores never win (the contract maps them below every number); compiled Triton's max and argmax "
         "over a tile holding a NaN are platform-defined, so a row with a NaN probability may pick another index",
         _nan_in_row,
+    ),
+    Departure(
+        "C29", ("_gumbel_sample_kernel",), None,
+        "tile scores add noise from C29's specified logs (and C41's IEEE quotient); vLLM's float32 log, its log1p "
+        "polynomial and its division move them in the last bits (within 1e-5 relative, 1e-6 absolute)",
+        _outputs("local_max_ptr"), _within(1e-5, 1e-6),
+    ),
+    Departure(
+        "C29", ("_gumbel_sample_kernel",), None,
+        "a tile whose two best scores lie within 1e-5 of each other may crown either under vLLM's float32 log and division",
+        _near_sample_tie,
+    ),
+    Departure(
+        "C30", ("_gumbel_sample_kernel",), None,
+        "-0.0 logits read as +0.0, so a greedy tile's maximum is unambiguous; vLLM may report -0.0",
+        _outputs("local_max_ptr"), _within(0.0),
     ),
     Departure(
         "C6", ("_temperature_kernel",), ("compiled",),

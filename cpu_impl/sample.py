@@ -7,3 +7,4 @@ from cpu_impl.launcher import CpuKernel
 
 _temperature_kernel = CpuKernel(contract.TEMPERATURE)
 _min_p_kernel = CpuKernel(contract.MIN_P)
+_gumbel_sample_kernel = CpuKernel(contract.GUMBEL_SAMPLE)

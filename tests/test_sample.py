@@ -157,3 +157,117 @@ def test_min_p_refuses_nan_where_it_reads(backend):
     refused(backend, contract.K37, a, ValueError, "logits_ptr")
     a["min_p_ptr"] = f32([0.5, 0.0])  # row 1 has no min-p: its NaN is never read
     run(backend, contract.K37, (2,), **a)
+
+
+# -- K38 ---------------------------------------------------------------------------------------------
+def gumbel_args(logits: torch.Tensor, mapping: list[int], temps: list[float], seeds: list[int], pos: list[int], block: int = 8,
+                fp64: bool = False, cache: torch.Tensor | None = None, col: torch.Tensor | None = None, drafting: bool = False) -> dict:
+    n, v = logits.shape
+    nb = -(-v // block)
+    return dict(local_argmax_ptr=torch.full((n, nb), -9, dtype=torch.int64), local_argmax_stride=nb,
+                local_max_ptr=torch.zeros(n, nb, dtype=torch.float64 if fp64 else torch.float32), local_max_stride=nb,
+                logits_cache_ptr=cache, logits_cache_stride_0=cache.stride(0) if cache is not None else 0,
+                logits_cache_stride_1=cache.stride(1) if cache is not None else 0, logits_cache_col_ptr=col,
+                logits_cache_source_ptr=logits if cache is not None else None,
+                logits_cache_source_stride=logits.stride(0) if cache is not None else 0,
+                logits_ptr=logits, logits_stride=logits.stride(0), expanded_idx_mapping_ptr=i32(mapping),
+                seeds_ptr=torch.tensor(seeds, dtype=torch.int64), pos_ptr=torch.tensor(pos, dtype=torch.int64), temp_ptr=f32(temps),
+                vocab_size=v, BLOCK_SIZE=block, IS_DRAFTING=drafting, APPLY_TEMPERATURE=drafting, USE_FP64=fp64,
+                PER_TOKEN_COL=col is not None and col.dim() > 0)
+
+
+def sample_tiles(backend: str, a: dict) -> dict:
+    n, nb = a["local_argmax_ptr"].shape
+    return run(backend, contract.K38, (n, nb), **a)
+
+
+def _winner(a: dict) -> list[int]:
+    """The host's reduction (gumbel_sample): each row's best tile, its column."""
+    best = a["local_max_ptr"].argmax(-1, keepdim=True)
+    return a["local_argmax_ptr"].gather(-1, best).view(-1).tolist()
+
+
+@backends
+def test_gumbel_greedy_and_padding_rows_take_the_first_maximum(backend):
+    # Row 0 greedy (state 0, T = 0), row 1 a padding row: no noise; ties and signed zeros go to the
+    # first column; a tile of -inf reports its first column.
+    x = f32([[1.0, 3.0, 3.0, -INF, -INF, -INF, -INF, -INF, 0.5, 2.0],
+             [-0.0, 0.0, -INF, -INF, -INF, -INF, -INF, -INF, -INF, -INF]])
+    a = sample_tiles(backend, gumbel_args(x.clone(), [0, -1], [0.0], [5], [3, 4]))
+    assert a["local_argmax_ptr"].tolist() == [[1, 9], [0, 8]]
+    assert a["local_max_ptr"].tolist() == [[3.0, 2.0], [0.0, -INF]]
+    if backend != "vllm":  # vLLM may report -0.0: departure C30
+        assert math.copysign(1.0, a["local_max_ptr"][1, 0].item()) == 1.0  # -0.0 reads as +0.0 (C30)
+
+
+@ours
+def test_gumbel_samples_softmax(backend):
+    # One row per seed over logits [0, 1, 2, -1]: the winners' frequencies are softmax's.
+    n = 3000
+    x = torch.tensor([0.0, 1.0, 2.0, -1.0]).repeat(n, 1)
+    a = sample_tiles(backend, gumbel_args(x, list(range(n)), [1.0] * n, list(range(n)), [7] * n, block=4))
+    freq = torch.bincount(torch.tensor(_winner(a)), minlength=4).double() / n
+    p = torch.softmax(x[0].double(), 0)
+    assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt()).all(), (freq, p)
+
+
+@ours
+def test_the_draft_and_its_verifier_do_not_share_a_stream(backend):
+    # The same request, position and flat logits drafted and verified: the winners agree about 1/V
+    # of the time (the draft's position is salted by 2**30), not always.
+    n, v = 2000, 32
+    x = torch.zeros(n, v)
+    args = dict(mapping=list(range(n)), temps=[1.0] * n, seeds=list(range(n)), pos=[11] * n, block=32)
+    verified = _winner(sample_tiles(backend, gumbel_args(x.clone(), **args)))
+    drafted = _winner(sample_tiles(backend, gumbel_args(x.clone(), drafting=True, **args)))
+    same = sum(d == t for d, t in zip(drafted, verified))
+    assert same < 3 * n // v, same
+    # The salt is the position's 2**30: the draft's stream is the target's at position + 2**30.
+    salted = _winner(sample_tiles(backend, gumbel_args(x.clone(), **{**args, "pos": [11 + 2**30] * n})))
+    assert salted == drafted
+
+
+@ours
+def test_the_drafter_caches_raw_logits_and_seeds_by_column(backend):
+    # Rows of states 2 and 0 copy their raw logits into the cache at column 1; the temperature divides
+    # in the kernel; the seed takes the column in its high word (spec_step_seed).
+    x = torch.randn(2, 12)
+    cache = torch.full((3, 2, 12), 9.0)
+    a = sample_tiles(backend, gumbel_args(x.clone(), [2, 0], [0.5, 1.0, 2.0], [4, 5, 6], [20, 21], block=4, cache=cache,
+                                          col=torch.tensor(1), drafting=True))
+    assert torch.equal(a["logits_cache_ptr"][2, 1], x[0]) and torch.equal(a["logits_cache_ptr"][0, 1], x[1])
+    assert bool((a["logits_cache_ptr"][1] == 9.0).all()) and bool((a["logits_cache_ptr"][:, 0] == 9.0).all())
+    b = gumbel_args(x.clone(), [2, 0], [0.5, 1.0, 2.0], [4 ^ (1 << 32), 5, 6 ^ (1 << 32)], [20, 21], block=4, drafting=True)
+    b = sample_tiles(backend, b)
+    assert torch.equal(a["local_argmax_ptr"], b["local_argmax_ptr"]) and torch.equal(a["local_max_ptr"], b["local_max_ptr"])
+
+
+@ours
+@pytest.mark.parametrize(
+    "change, error, param",
+    [
+        (dict(temp_ptr=f32([-1.0, 1.0])), ValueError, "temp_ptr"),
+        (dict(temp_ptr=f32([float("nan"), 1.0])), ValueError, "temp_ptr"),
+        (dict(expanded_idx_mapping_ptr=i32([0, 2])), ValueError, "expanded_idx_mapping_ptr"),
+        (dict(pos_ptr=torch.tensor([-1, 0])), ValueError, "pos_ptr"),
+        (dict(local_max_stride=1), ValueError, "local_max_stride"),
+        (dict(vocab_size=0), ValueError, "vocab_size"),
+        (dict(local_max_ptr=torch.zeros(2, 2, dtype=torch.float64)), ValueError, "USE_FP64"),
+    ],
+)
+def test_gumbel_invalid(backend, change, error, param):
+    a = gumbel_args(torch.zeros(2, 16), [0, 1], [1.0, 0.0], [1, 2], [0, 1])
+    refused(backend, contract.K38, a | change, error, param)
+
+
+@ours
+def test_gumbel_refuses_what_it_cannot_judge(backend):
+    x = torch.zeros(2, 16)
+    x[1, 3] = float("nan")
+    refused(backend, contract.K38, gumbel_args(x, [0, -1], [1.0], [1], [0, 1]), ValueError, "logits_ptr")  # a padding row too
+    # Two rows of one request copying into one cache column race: refused.
+    cache = torch.zeros(2, 2, 16)
+    a = gumbel_args(torch.zeros(2, 16), [1, 1], [1.0, 1.0], [1, 2], [0, 1], cache=cache, col=torch.tensor(0), drafting=True)
+    refused(backend, contract.K38, a, ValueError, "expanded_idx_mapping_ptr")
+    a = gumbel_args(torch.zeros(1, 16), [1], [1.0, 1.0], [1, 2], [0], cache=cache, col=torch.tensor(2), drafting=True)
+    refused(backend, contract.K38, a, ValueError, "logits_cache_col_ptr")

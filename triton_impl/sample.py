@@ -2,7 +2,9 @@
 grids (docs/sample.md, C41).
 
 ``_temperature_kernel``: one program per row and vocabulary tile; ``_min_p_kernel``: one program per
-row, two passes over it (the maximum, then the mask). No two programs write one element.
+row, two passes over it (the maximum, then the mask); ``_gumbel_sample_kernel``: one program per row
+and tile, writing the tile's winner and score (and its share of the row's cache copy). No two
+programs write one element.
 """
 
 from __future__ import annotations
@@ -10,7 +12,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_impl.gumbel import div_by, log32, reciprocal
+from triton_impl.gumbel import (
+    div_by,
+    gumbel32,
+    gumbel64,
+    log32,
+    murmur3_uniform32,
+    murmur3_uniform64,
+    reciprocal,
+    spec_step_seed,
+)
 
 
 @triton.jit
@@ -59,3 +70,66 @@ def _min_p_kernel(
             mask = block < vocab_size
             x = tl.load(row + block, mask=mask, other=float("-inf"))
             tl.store(row + block, tl.where(x < threshold, float("-inf"), x), mask=mask)
+
+
+@triton.jit
+def _gumbel_sample_kernel(
+    local_argmax_ptr,  # [T, NB] out
+    local_argmax_stride,
+    local_max_ptr,  # [T, NB] out
+    local_max_stride,
+    logits_cache_ptr,  # [max_num_reqs, num_cols, >= V] or None
+    logits_cache_stride_0,
+    logits_cache_stride_1,
+    logits_cache_col_ptr,  # [1] or [T]
+    logits_cache_source_ptr,  # [T, >= V]
+    logits_cache_source_stride,
+    logits_ptr,  # [T, >= V]
+    logits_stride,
+    expanded_idx_mapping_ptr,  # [T]; negative: a padding row
+    seeds_ptr,  # [max_num_reqs]
+    pos_ptr,  # [T]
+    temp_ptr,  # [max_num_reqs]
+    vocab_size,
+    BLOCK_SIZE: tl.constexpr,
+    IS_DRAFTING: tl.constexpr,
+    APPLY_TEMPERATURE: tl.constexpr,
+    USE_FP64: tl.constexpr,
+    PER_TOKEN_COL: tl.constexpr,
+):
+    token_idx = tl.program_id(0).to(tl.int64)
+    block_idx = tl.program_id(1)
+    block = block_idx * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = block < vocab_size
+    # -0.0 reads as +0.0 (C30): a tile's maximum is never ambiguous.
+    x = tl.load(logits_ptr + token_idx * logits_stride + block, mask=mask, other=float("-inf")).to(tl.float32) + 0.0
+    req = tl.load(expanded_idx_mapping_ptr + token_idx).to(tl.int64)
+    valid = req >= 0
+    temp = tl.load(temp_ptr + req, mask=valid, other=0.0).to(tl.float32)
+    seed = tl.load(seeds_ptr + req, mask=valid, other=0)
+    if logits_cache_ptr is not None:
+        if PER_TOKEN_COL:
+            col = tl.load(logits_cache_col_ptr + token_idx)
+        else:
+            col = tl.load(logits_cache_col_ptr)
+        raw = tl.load(logits_cache_source_ptr + token_idx * logits_cache_source_stride + block, mask=mask)
+        at = logits_cache_ptr + req * logits_cache_stride_0 + col * logits_cache_stride_1 + block
+        # The row's validity as a block: the interpreter refuses a block mask & a scalar bool.
+        tl.store(at, raw, mask=mask & ((block * 0).to(tl.int64) + req >= 0))
+        seed = spec_step_seed(seed, col)
+    if (temp != 0.0) & APPLY_TEMPERATURE:
+        x = div_by(x, temp, reciprocal(temp))  # IEEE division (C41)
+    if USE_FP64:
+        x = x.to(tl.float64)
+    if temp != 0.0:
+        pos = tl.load(pos_ptr + token_idx).to(tl.int64)
+        if IS_DRAFTING:
+            pos = pos + 1073741824  # 2**30: the draft's stream apart from the target's
+        if USE_FP64:
+            noise = gumbel64(murmur3_uniform64(seed, pos, block))
+        else:
+            noise = gumbel32(murmur3_uniform32(seed, pos, block))
+        x = tl.where(mask, x + noise, float("-inf"))
+    value, idx = tl.max(x, axis=0, return_indices=True)
+    tl.store(local_argmax_ptr + token_idx * local_argmax_stride + block_idx, block_idx * BLOCK_SIZE + idx)
+    tl.store(local_max_ptr + token_idx * local_max_stride + block_idx, value)

@@ -343,6 +343,12 @@ CPU_CAPABILITIES = (
         "the adapter asserts block_table_stride == block_table.stride(0) (the call site passes exactly that)",
     ),
     Capability(
+        "the draft-logits cache, interpreted", ("_gumbel_sample_kernel",),
+        lambda spec, a: triton_mode() == "interpreted" and a["logits_cache_ptr"] is not None,
+        "0.33.0's Gumbel sampler stores the drafter's cache copy masked with a block & a scalar bool (mask & is_valid_req); "
+        "the interpreter's & of those is no mask dtype ('mask has unsupported dtype'): compiled only",
+    ),
+    Capability(
         "integer dtypes off the call site", None, _off_call_site_ints,
         "the C++ reads each integer tensor at one width (data_ptr<int32_t> or <int64_t>); the adapters widen only some",
     ),
@@ -368,6 +374,12 @@ TRITON_CAPABILITIES = (
         "context parallelism, interpreted", ("_compute_slot_mappings_kernel",),
         lambda spec, a: triton_mode() == "interpreted" and a["CP_SIZE"] != 1,
         "0.33.0's MRV2 slot mapping under CP_SIZE > 1 masks a load with a block & a scalar bool (is_local & is_real_req); "
+        "the interpreter's & of those is no mask dtype ('mask has unsupported dtype'): compiled only",
+    ),
+    Capability(
+        "the draft-logits cache, interpreted", ("_gumbel_sample_kernel",),
+        lambda spec, a: triton_mode() == "interpreted" and a["logits_cache_ptr"] is not None,
+        "0.33.0's Gumbel sampler stores the drafter's cache copy masked with a block & a scalar bool (mask & is_valid_req); "
         "the interpreter's & of those is no mask dtype ('mask has unsupported dtype'): compiled only",
     ),
     Capability(
