@@ -26,6 +26,7 @@ from contracts import numerics
 from contracts._checks import require_rows
 from contracts.spec import (
     INT,
+    Earlier,
     Flag,
     KernelSpec,
     Role,
@@ -333,6 +334,20 @@ GUMBEL_SAMPLE = KernelSpec(
     explain=_gumbel_explain,
     rule=_gumbel_rule,
     bytes_moved=_gumbel_bytes,
+)
+
+# Earlier releases drew the sampler's noise from Philox (tl.randint of seed and position), not murmur3:
+# another stream, so their kernels are declared (drift), never bound.
+_OUT = ("local_argmax_ptr", "local_argmax_stride", "local_max_ptr", "local_max_stride")
+_IN = ("logits_ptr", "logits_stride", "expanded_idx_mapping_ptr", "seeds_ptr", "pos_ptr", "temp_ptr", "vocab_size", "BLOCK_SIZE")
+GUMBEL_SAMPLE.earlier = (
+    Earlier("0.20.2", (*_OUT, "processed_logits_ptr", "processed_logits_stride", *_IN, "APPLY_TEMPERATURE"),
+            "Philox noise; the temperature-divided logits written back (processed_logits); no draft salt, no float64 noise"),
+    Earlier("0.21.0", (*_OUT, "processed_logits_ptr", "processed_logits_stride", "processed_logits_col_ptr", *_IN, "APPLY_TEMPERATURE"),
+            "Philox noise; the processed logits written back at a column; no draft salt, no float64 noise"),
+    Earlier("0.30.0", (*_OUT, "logits_cache_ptr", "logits_cache_stride_0", "logits_cache_stride_1", "logits_cache_col_ptr", *_IN,
+                       "IS_DRAFTING", "APPLY_TEMPERATURE", "USE_FP64", "PER_TOKEN_COL"),
+            "Philox noise; the cache copies the logits themselves (no logits_cache_source)"),
 )
 
 SPECS = (TEMPERATURE, MIN_P, GUMBEL_SAMPLE)

@@ -259,6 +259,8 @@ def _op(spec: KernelSpec) -> Any:
 def _cpu_kernel(spec: KernelSpec) -> Any:
     if spec.op:
         return _op(spec)
+    if spec.qualname not in overrides().table:
+        return None  # the release's CPU port has no such kernel, whatever its Triton kernel's parameters
     kernel = _triton_kernel(spec)
     if isinstance(kernel, Drifted):
         return kernel
