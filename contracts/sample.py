@@ -52,18 +52,30 @@ def rows(a: Mapping[str, Any]) -> int:
     return a["logits_ptr"].shape[0]
 
 
+def _tiles_fit(k: str, a: Mapping[str, Any], least_vocab: int) -> None:
+    """The vocabulary and its tiles: column indices are int32, a tile at most 2**16 wide."""
+    v, block = a["vocab_size"], a["BLOCK_SIZE"]
+    at_least(k, "vocab_size", v, least_vocab)
+    power_of_two(k, "BLOCK_SIZE", block)
+    require(block <= 2**16, k, "BLOCK_SIZE", f"must be <= 65536 (a tile), got {block}")
+    in_int32(k, "vocab_size", v + block, "vocab_size + BLOCK_SIZE (column indices are int32)")
+
+
+def _rows_at(k: str, a: Mapping[str, Any], name: str, stride_name: str, width: int) -> None:
+    """The rows' ``width`` elements of ``name``, ``stride_name`` apart: the call sites pass the tensor's
+    stride(0), and rows written never overlap."""
+    n, stride = rows(a), a[stride_name]
+    if n > 1:
+        require(stride == a[name].stride(0), k, stride_name, f"must be {name}'s row stride {a[name].stride(0)}, got {stride}")
+        at_least(k, stride_name, stride, width)
+    require_rows(k, name, a[name], n, stride, width)
+
+
 def _preconditions(name: str, per_request: str) -> Any:
     def check(a: Mapping[str, Any]) -> None:
-        v, stride, n = a["vocab_size"], a["logits_stride"], rows(a)
-        at_least(name, "vocab_size", v, 0)
-        in_int32(name, "vocab_size", v + a["BLOCK_SIZE"], "vocab_size + BLOCK_SIZE (column indices are int32)")
-        power_of_two(name, "BLOCK_SIZE", a["BLOCK_SIZE"])
-        require(a["BLOCK_SIZE"] <= 2**16, name, "BLOCK_SIZE", f"must be <= 65536 (a tile), got {a['BLOCK_SIZE']}")
-        if n > 1:  # the call site passes logits.stride(0); rows written in place never overlap
-            require(stride == a["logits_ptr"].stride(0), name, "logits_stride",
-                    f"must be logits_ptr's row stride {a['logits_ptr'].stride(0)}, got {stride}")
-            at_least(name, "logits_stride", stride, v)
-        require_rows(name, "logits_ptr", a["logits_ptr"], n, stride, v)
+        v, n = a["vocab_size"], rows(a)
+        _tiles_fit(name, a, 0)
+        _rows_at(name, a, "logits_ptr", "logits_stride", v)
         mapping = a["expanded_idx_mapping_ptr"]
         require(mapping.numel() >= n, name, "expanded_idx_mapping_ptr", f"must hold a request state per row ({n}), has {mapping.numel()}")
         states = a[per_request].numel()
@@ -189,20 +201,13 @@ def _finite_positive_or_zero(name: str, table: str, t: torch.Tensor, s: int) -> 
 
 
 def _gumbel_preconditions(a: Mapping[str, Any]) -> None:
-    k, v, block = K38, a["vocab_size"], a["BLOCK_SIZE"]
+    k, v = K38, a["vocab_size"]
     n = rows(a)
-    at_least(k, "vocab_size", v, 1)
-    power_of_two(k, "BLOCK_SIZE", block)
-    require(block <= 2**16, k, "BLOCK_SIZE", f"must be <= 65536 (a tile), got {block}")
-    in_int32(k, "vocab_size", v + block, "vocab_size + BLOCK_SIZE (column indices are int32)")
+    _tiles_fit(k, a, 1)
     nb = tiles(a)
     for name, stride_name, width in (("logits_ptr", "logits_stride", v), ("local_argmax_ptr", "local_argmax_stride", nb),
                                      ("local_max_ptr", "local_max_stride", nb)):
-        stride = a[stride_name]
-        if n > 1:  # the call sites pass each tensor's stride(0)
-            require(stride == a[name].stride(0), k, stride_name, f"must be {name}'s row stride {a[name].stride(0)}, got {stride}")
-            at_least(k, stride_name, stride, width)
-        require_rows(k, name, a[name], n, stride, width)
+        _rows_at(k, a, name, stride_name, width)
     for name in ("expanded_idx_mapping_ptr", "pos_ptr"):
         require(a[name].numel() >= n, k, name, f"must hold an entry per row ({n}), has {a[name].numel()}")
     cache = a["logits_cache_ptr"]
@@ -211,11 +216,7 @@ def _gumbel_preconditions(a: Mapping[str, Any]) -> None:
         require(col_t is not None, k, "logits_cache_col_ptr", "must be given with logits_cache_ptr")
         require(src is not None, k, "logits_cache_source_ptr", "must be given with logits_cache_ptr (the host passes the logits)")
         require(src.dtype == cache.dtype, k, "logits_cache_source_ptr", f"must have logits_cache_ptr's dtype {cache.dtype}, has {src.dtype}")
-        if n > 1:
-            require(a["logits_cache_source_stride"] == src.stride(0), k, "logits_cache_source_stride",
-                    f"must be logits_cache_source_ptr's row stride {src.stride(0)}, got {a['logits_cache_source_stride']}")
-            at_least(k, "logits_cache_source_stride", a["logits_cache_source_stride"], v)
-        require_rows(k, "logits_cache_source_ptr", src, n, a["logits_cache_source_stride"], v)
+        _rows_at(k, a, "logits_cache_source_ptr", "logits_cache_source_stride", v)
         need = n if a["PER_TOKEN_COL"] else 1
         require(col_t.numel() >= need, k, "logits_cache_col_ptr", f"must hold {need} column(s), has {col_t.numel()}")
         at_least(k, "logits_cache_stride_0", a["logits_cache_stride_0"], 0)

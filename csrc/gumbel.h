@@ -95,19 +95,28 @@ inline std::uint32_t murmur3_hash32(std::int64_t seed, std::int64_t pos, std::ui
   return murmur3_finish(murmur3_prefix(seed, pos, domain), key);
 }
 
-inline float murmur3_uniform32(std::int64_t seed, std::int64_t pos, std::uint32_t key) {
-  const std::uint32_t h = murmur3_hash32(seed, pos, key);
+// The float64 uniform's second hash takes this domain.
+constexpr std::uint32_t kDomainHi = 0x9E3779B9u;
+
+// The uniforms of a hash (of two, float64): a caller with a row's prefix finishes each lane's hash.
+inline float uniform32(std::uint32_t h) {
   const float hi = static_cast<float>(h >> 16) * 0x1p-16f;
   const float lo = (static_cast<float>(h & 0xFFFFu) + 0.5f) * 0x1p-32f;
   return hi + lo;
 }
 
-inline double murmur3_uniform64(std::int64_t seed, std::int64_t pos, std::uint32_t key) {
-  const std::uint64_t lo = murmur3_hash32(seed, pos, key);
-  const std::uint64_t hi = murmur3_hash32(seed, pos, key, 0x9E3779B9u);
+inline double uniform64(std::uint64_t lo, std::uint64_t hi) {
   const std::uint64_t r = ((hi << 32) | lo) >> 11;
   const double u = (static_cast<double>(r) + 0.5) * 0x1p-53;
   return u == 1.0 ? u - 0x1p-53 : u;
+}
+
+inline float murmur3_uniform32(std::int64_t seed, std::int64_t pos, std::uint32_t key) {
+  return uniform32(murmur3_hash32(seed, pos, key));
+}
+
+inline double murmur3_uniform64(std::int64_t seed, std::int64_t pos, std::uint32_t key) {
+  return uniform64(murmur3_hash32(seed, pos, key), murmur3_hash32(seed, pos, key, kDomainHi));
 }
 
 // -- C29 numerics ---------------------------------------------------------------------------------

@@ -24,23 +24,34 @@ namespace {
 constexpr const char* kTemperature = "_temperature_kernel";
 constexpr const char* kMinP = "_min_p_kernel";
 
-// The rows' request states, each checked against the per-request table; the rows inside logits.
-std::vector<std::int64_t> check_rows(const char* kernel, const char* table, const Strided& logits, std::int64_t stride,
-                                     const Buffer& mapping, const Buffer& params, std::int64_t v, std::int64_t block) {
-  const std::int64_t n = logits.rows;
-  need_at_least(kernel, "vocab_size", v, 0);
+// The vocabulary and its tiles: column indices are int32, a tile at most 2**16 wide.
+void need_tiles(const char* kernel, std::int64_t v, std::int64_t block, std::int64_t least_vocab) {
+  need_at_least(kernel, "vocab_size", v, least_vocab);
   need_power_of_two(kernel, "BLOCK_SIZE", block);
   if (block > (1 << 16)) fail(kernel, "BLOCK_SIZE", "must be <= 65536 (a tile), got " + std::to_string(block));
   if (v > std::numeric_limits<std::int32_t>::max() - block)  // never formed as a sum: v may be near 2**63
     fail(kernel, "vocab_size", "makes vocab_size + BLOCK_SIZE (column indices are int32) = " + std::to_string(v) + " + " +
                                    std::to_string(block) + ", outside int32");
-  if (n > 1) {
-    if (stride != logits.row_stride)
-      fail(kernel, "logits_stride", "must be logits_ptr's row stride " + std::to_string(logits.row_stride) + ", got " +
-                                        std::to_string(stride));
-    need_at_least(kernel, "logits_stride", stride, v);
+}
+
+// A [rows, width] tensor's rows at `stride` (the call sites pass its stride(0)).
+void need_table(const char* kernel, const char* name, const char* stride_name, const Strided& t, std::int64_t rows,
+                std::int64_t stride, std::int64_t width) {
+  if (rows > 1) {
+    if (stride != t.row_stride)
+      fail(kernel, stride_name, std::string("must be ") + name + "'s row stride " + std::to_string(t.row_stride) + ", got " +
+                                    std::to_string(stride));
+    need_at_least(kernel, stride_name, stride, width);
   }
-  need_rows(kernel, "logits_ptr", logits, n, stride, v);
+  need_rows(kernel, name, t, rows, stride, width);
+}
+
+// The rows' request states, each checked against the per-request table; the rows inside logits.
+std::vector<std::int64_t> check_rows(const char* kernel, const char* table, const Strided& logits, std::int64_t stride,
+                                     const Buffer& mapping, const Buffer& params, std::int64_t v, std::int64_t block) {
+  const std::int64_t n = logits.rows;
+  need_tiles(kernel, v, block, 0);
+  need_table(kernel, "logits_ptr", "logits_stride", logits, n, stride, v);
   if (mapping.numel < n)
     fail(kernel, "expanded_idx_mapping_ptr", "must hold a request state per row (" + std::to_string(n) + "), has " +
                                                  std::to_string(mapping.numel));
@@ -111,18 +122,6 @@ void min_p(Strided logits, std::int64_t stride, Buffer mapping, Buffer min_p, st
 constexpr const char* kGumbel = "_gumbel_sample_kernel";
 constexpr std::int64_t kDraftNoiseSalt = std::int64_t{1} << 30;
 
-// A [rows, width] tensor's rows at `stride` (the call sites pass its stride(0)).
-void need_table(const char* kernel, const char* name, const char* stride_name, const Strided& t, std::int64_t rows,
-                std::int64_t stride, std::int64_t width) {
-  if (rows > 1) {
-    if (stride != t.row_stride)
-      fail(kernel, stride_name, std::string("must be ") + name + "'s row stride " + std::to_string(t.row_stride) + ", got " +
-                                    std::to_string(stride));
-    need_at_least(kernel, stride_name, stride, width);
-  }
-  need_rows(kernel, name, t, rows, stride, width);
-}
-
 struct GumbelRow {
   std::int64_t state;  // negative: a padding row
   float temp;
@@ -141,12 +140,7 @@ void gumbel_sample(Strided local_argmax, std::int64_t argmax_stride, Strided loc
                    bool per_token_col) {
   const char* k = kGumbel;
   const std::int64_t n = logits.rows;
-  need_at_least(k, "vocab_size", v, 1);
-  need_power_of_two(k, "BLOCK_SIZE", block);
-  if (block > (1 << 16)) fail(k, "BLOCK_SIZE", "must be <= 65536 (a tile), got " + std::to_string(block));
-  if (v > std::numeric_limits<std::int32_t>::max() - block)
-    fail(k, "vocab_size", "makes vocab_size + BLOCK_SIZE (column indices are int32) = " + std::to_string(v) + " + " +
-                              std::to_string(block) + ", outside int32");
+  need_tiles(k, v, block, 1);
   const std::int64_t nb = ceil_div(v, block);
   need_table(k, "logits_ptr", "logits_stride", logits, n, logits_stride, v);
   need_table(k, "local_argmax_ptr", "local_argmax_stride", local_argmax, n, argmax_stride, nb);
@@ -226,7 +220,9 @@ void gumbel_sample(Strided local_argmax, std::int64_t argmax_stride, Strided loc
         }
         seed = gumbel::spec_step_seed(seed, columns[per_token_col ? r : 0]);
       }
+      // The hash state after seed and position, once per row (each lane adds only its column).
       const std::int64_t p = g.pos + (is_drafting ? kDraftNoiseSalt : 0);
+      const std::uint32_t prefix = gumbel::murmur3_prefix(seed, p), prefix_hi = gumbel::murmur3_prefix(seed, p, gumbel::kDomainHi);
       std::int64_t* arg_out = local_argmax.as<std::int64_t>() + r * argmax_stride;
       for (std::int64_t b = 0; b < nb; ++b) {
         double best = -std::numeric_limits<double>::infinity();
@@ -237,12 +233,13 @@ void gumbel_sample(Strided local_argmax, std::int64_t argmax_stride, Strided loc
             float x = logit_at<L>(logits, r, logits_stride, c) + 0.0f;  // -0.0 reads as +0.0 (C30)
             if (g.temp != 0.0f && apply_temperature) x = x / g.temp;
             const std::uint32_t key = static_cast<std::uint32_t>(c);
+            const std::uint32_t h = g.temp != 0.0f ? gumbel::murmur3_finish(prefix, key) : 0u;
             if (use_fp64) {
               score = x;
-              if (g.temp != 0.0f) score = score + gumbel::gumbel64(gumbel::murmur3_uniform64(seed, p, key));
+              if (g.temp != 0.0f) score = score + gumbel::gumbel64(gumbel::uniform64(h, gumbel::murmur3_finish(prefix_hi, key)));
             } else {
               float s32 = x;
-              if (g.temp != 0.0f) s32 = s32 + gumbel::gumbel32(gumbel::murmur3_uniform32(seed, p, key));
+              if (g.temp != 0.0f) s32 = s32 + gumbel::gumbel32(gumbel::uniform32(h));
               score = s32;
             }
           }

@@ -270,7 +270,7 @@ def _cpu_kernel(spec: KernelSpec) -> Any:
     if wrong is not None:  # what every launch of the engine's CPU port would meet
         return Drifted(f"vLLM {located().release or located().label}'s {spec.name}: {wrong}", tuple(kernel.arg_names), False)
     wrapped = overrides().wrap(spec.qualname, kernel)
-    return Bound(wrapped, spec, bound.earlier) if bound is not None and wrapped is not None else wrapped
+    return Bound(wrapped, spec, bound.earlier) if bound is not None else wrapped
 
 
 def _cpu_lists(spec: KernelSpec) -> bool:
