@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from contracts import penalties
 from contracts.spec import counts, starts
 
 
@@ -292,6 +293,33 @@ DEPARTURES: tuple[Departure, ...] = (
         "the min-p threshold adds C29's log of min-p; compiled Triton's tl.log is approximate, so a logit within "
         "1e-6 of the threshold may fall on the other side",
         _near_min_p_threshold,
+    ),
+    Departure(
+        "C6", ("_penalties_kernel",), ("compiled",),
+        "a penalised positive logit is multiplied by RN(1 / penalty) (C42, vLLM's `1.0 / scale` interpreted); "
+        "compiled Triton's `/` is approximate (<= 2 ulp): within 1e-6 relative, or 1e-5 absolute where the "
+        "frequency and presence subtractions cancel",
+        penalties.reciprocal_cell,
+        _within(1e-6, 1e-5),
+    ),
+    Departure(
+        "C42", ("_penalties_kernel",), ("compiled",),
+        "freq * count (and the repetition product before it) is rounded before the subtraction; compiled Triton "
+        "fuses them into an fma: within 1e-6 relative, or 1e-5 absolute where the subtraction cancels",
+        penalties.fused_cell,
+        _within(1e-6, 1e-5),
+    ),
+    Departure(
+        "C29", ("_topk_log_softmax_kernel",), None,
+        "scores are C29 log-softmaxes (exact tile sums of exp32, their tree_sum, one float64 log; C45); vLLM's "
+        "float32 exp and log and its float32 sums move them in the last bits (within 1e-5 relative, 1e-6 absolute)",
+        _outputs("output_ptr"), _within(1e-5, 1e-6),
+    ),
+    Departure(
+        "C45", ("_ranks_kernel",), ("interpreted",),
+        "Triton's interpreter compares bfloat16 blocks by their 16-bit patterns (a negative logit or -inf above every "
+        "positive one), so vLLM's interpreted ranks over bfloat16 logits count those; compiled, it compares values",
+        lambda a, output, index: a["logits_ptr"].dtype == torch.bfloat16,
     ),
     Departure(
         "C4", None, None,

@@ -93,9 +93,10 @@ def test_the_cpu_overrides_are_read_from_the_engines_registration(vllm):
     import contracts
 
     # vLLM 0.33.0 ports the ten V1 kernels to C++, and nothing of Model Runner V2 (its rejection
-    # sampler, batch state, drafter and sampling parameters), FLy, the async update or top-k/top-p (on a CPU without
-    # Triton it sorts in PyTorch instead: docs/topk_topp.md).
-    unported = ("mrv2", "input_batch", "target_dependent_ar", "block_table", "fly", "async_update", "topk_topp", "sample")
+    # sampler, batch state, drafter, sampling parameters, logits processors and logprobs), FLy, the async update or
+    # top-k/top-p (on a CPU without Triton it sorts in PyTorch instead: docs/topk_topp.md).
+    unported = ("mrv2", "input_batch", "target_dependent_ar", "block_table", "fly", "async_update", "topk_topp", "sample",
+                "penalties", "bad_words", "logit_bias", "logprob")
     # The CPU sampler ops (argmax) are ops of the CPU build, no kernel's override.
     v1 = {s.qualname for s in contracts.SPECS.values() if s.family not in unported and not s.op}
     assert len(v1) == 10 and v1 <= set(table)
