@@ -391,6 +391,213 @@ def apply_sampling_constraints(logits: torch.Tensor, cu_num_draft_tokens: torch.
     return apply_top_k_top_p(logits, top_k, top_p, backend=backend)
 
 
+# -- Model Runner V2's sampling step (docs/sample.md) ----------------------------------------
+@dataclass
+class RequestParams:
+    """The sampling parameters of one request, as ``SamplingParams`` carries them to MRV2's states."""
+
+    temperature: float = 1.0
+    top_k: int | None = None  # None: the whole vocabulary
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    bad_words: list[list[int]] = field(default_factory=list)
+    allowed_token_ids: list[int] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    restore_when_all_masked: bool = False  # vLLM: the request has structured outputs
+
+
+class MRV2SamplingStates:
+    """The per-request tables MRV2's ``Sampler`` keeps (``SamplingStates`` and the logit-bias,
+    penalties and bad-words processors of ``vllm/v1/worker/gpu/sample/``), ``max_num_reqs`` rows each,
+    at vLLM's dtypes and widths; ``add_request`` fills a slot as theirs do, and ``apply_staged_writes``
+    launches the penalties' bincount (K40) for the slots added since, on ``backend``."""
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, max_model_len: int, *, table_width: int | None = None) -> None:
+        """``table_width`` narrows the id tables (allowed, bias, stop and bad-word tokens; vLLM's are
+        1024, 1024, 128 and 1024 wide, 128 bad words) for batches of many thousand requests."""
+        r, v = max_num_reqs, vocab_size
+        w = table_width or 1024
+        # logit_bias.py's MAX_NUM_* widths; VLLM_MAX_NUM_BAD_WORDS and VLLM_MAX_BAD_WORDS_TOTAL_TOKENS.
+        self.MAX_ALLOWED, self.MAX_BIAS, self.MAX_STOP = w, w, min(128, w)
+        self.MAX_BAD_WORDS, self.MAX_BAD_WORD_TOKENS = min(128, w), w
+        self.vocab_size = v
+        i32, f32 = torch.int32, torch.float32
+
+        def zeros(*shape: int, dtype: torch.dtype = i32) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype)
+
+        self.temperature, self.top_p, self.min_p = zeros(r, dtype=f32), torch.ones(r), zeros(r, dtype=f32)
+        self.top_k, self.seeds = torch.full((r,), v, dtype=i32), zeros(r, dtype=torch.int64)
+        self.repetition_penalty, self.frequency_penalty = torch.ones(r), zeros(r, dtype=f32)
+        self.presence_penalty = zeros(r, dtype=f32)
+        self.prompt_bin_mask, self.output_bin_counts = zeros(r, cdiv(v, 32)), zeros(r, v)
+        self.bad_word_token_ids, self.bad_word_offsets = zeros(r, self.MAX_BAD_WORD_TOKENS), zeros(r, self.MAX_BAD_WORDS + 1)
+        self.num_bad_words = zeros(r)
+        self.num_allowed_token_ids, self.allowed_token_ids = zeros(r), zeros(r, self.MAX_ALLOWED)
+        self.num_logit_bias, self.logit_bias_token_ids = zeros(r), zeros(r, self.MAX_BIAS)
+        self.logit_bias = zeros(r, self.MAX_BIAS, dtype=f32)
+        self.min_lens, self.num_stop_token_ids, self.restore_when_all_masked = zeros(r), zeros(r), zeros(r)
+        self.stop_token_ids = zeros(r, self.MAX_STOP)
+        self.all_token_ids = zeros(r, max_model_len)
+        self.prompt_len, self.prefill_len, self.total_len = zeros(r), zeros(r), zeros(r)
+        self.use_penalty = torch.zeros(r, dtype=torch.bool)
+        self.use_logit_bias = torch.zeros(r, dtype=torch.bool)
+        self._new_penalties: list[int] = []
+
+    def add_request(self, slot: int, prompt: list[int], output: list[int], params: RequestParams) -> None:
+        """A request in ``slot``: its prompt and the output it resumes with (prefill = both)."""
+        n, tokens = len(prompt), [*prompt, *output]
+        self.all_token_ids[slot].zero_()
+        self.all_token_ids[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.prompt_len[slot], self.prefill_len[slot], self.total_len[slot] = n, len(tokens), len(tokens)
+        self.temperature[slot], self.top_p[slot], self.min_p[slot] = params.temperature, params.top_p, params.min_p
+        self.top_k[slot] = self.vocab_size if params.top_k is None else params.top_k
+        self.seeds[slot] = params.seed
+        self.repetition_penalty[slot] = params.repetition_penalty
+        self.frequency_penalty[slot] = params.frequency_penalty
+        self.presence_penalty[slot] = params.presence_penalty
+        use = params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+        self.use_penalty[slot] = use
+        if use:
+            self._new_penalties.append(slot)
+        flat = [t for word in params.bad_words for t in word]
+        offsets = [0]
+        for word in params.bad_words:
+            offsets.append(offsets[-1] + len(word))
+        self.num_bad_words[slot] = len(params.bad_words)
+        self.bad_word_token_ids[slot, : len(flat)] = torch.tensor(flat, dtype=torch.int32)
+        self.bad_word_offsets[slot, : len(offsets)] = torch.tensor(offsets, dtype=torch.int32)
+        allowed, bias = params.allowed_token_ids, params.logit_bias
+        self.num_allowed_token_ids[slot] = len(allowed)
+        self.allowed_token_ids[slot, : len(allowed)] = torch.tensor(allowed, dtype=torch.int32)
+        self.num_logit_bias[slot] = len(bias)
+        self.logit_bias_token_ids[slot, : len(bias)] = torch.tensor(list(bias), dtype=torch.int32)
+        self.logit_bias[slot, : len(bias)] = torch.tensor(list(bias.values()), dtype=torch.float32)
+        self.min_lens[slot] = n + params.min_tokens
+        stops = params.stop_token_ids if params.min_tokens > 0 else []
+        self.num_stop_token_ids[slot] = len(stops)
+        self.stop_token_ids[slot, : len(stops)] = torch.tensor(stops, dtype=torch.int32)
+        self.restore_when_all_masked[slot] = int(bool(stops) and params.restore_when_all_masked)
+        self.use_logit_bias[slot] = bool(allowed or bias or stops)
+
+    def apply_staged_writes(self, *, backend: str) -> None:
+        """``PenaltiesState.apply_staged_writes``: the new slots' rows zeroed, then counted by K40."""
+        if not self._new_penalties:
+            return
+        idx = torch.tensor(self._new_penalties, dtype=torch.int64)
+        self.prompt_bin_mask.index_fill_(0, idx, 0)
+        self.output_bin_counts.index_fill_(0, idx, 0)
+        kernel, grid, args = self.bincount_launch(idx)
+        launch(backend, kernel, grid, **args)
+        self._new_penalties.clear()
+
+    def bincount_launch(self, slots: torch.Tensor) -> tuple[str, tuple[int, ...], dict[str, Any]]:
+        """``bincount``'s launch (``penalties.py``) over the int64 ``slots``: ``(kernel, grid, arguments)``."""
+        return "_bincount_kernel", (len(slots), cdiv(int(self.prefill_len[slots].max()), 1024)), dict(
+            expanded_idx_mapping_ptr=slots, all_token_ids_ptr=self.all_token_ids,
+            all_token_ids_stride=self.all_token_ids.stride(0), prompt_len_ptr=self.prompt_len,
+            prefill_len_ptr=self.prefill_len, prompt_bin_mask_ptr=self.prompt_bin_mask,
+            prompt_bin_mask_stride=self.prompt_bin_mask.stride(0), output_bin_counts_ptr=self.output_bin_counts,
+            output_bin_counts_stride=self.output_bin_counts.stride(0), BLOCK_SIZE=1024)
+
+
+def sampling_param_launches(logits: torch.Tensor, states: MRV2SamplingStates, expanded_idx_mapping: torch.Tensor,
+                            idx_mapping: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor,
+                            expanded_local_pos: torch.Tensor, *, penalties_block: int = 8192
+                            ) -> list[tuple[str, tuple[int, ...], dict[str, Any]]]:
+    """The launches ``Sampler.apply_sampling_params`` makes on the float32 ``logits`` before top-k/top-p,
+    in vLLM's pipeline order (bias adds, then penalties scale: they do not commute), each left out
+    where vLLM skips it: ``(kernel, grid, arguments)``. ``penalties_block``: 8192, or 1024 as vLLM's
+    CPU build sets it."""
+    s, reqs = states, idx_mapping.long()
+    n, v = logits.shape
+    rows = dict(logits_ptr=logits, logits_stride=logits.stride(0), expanded_idx_mapping_ptr=expanded_idx_mapping)
+    launches: list[tuple[str, tuple[int, ...], dict[str, Any]]] = []
+    if bool(s.use_logit_bias[reqs].any()):
+        launches.append(("_bias_kernel", (n,), dict(
+            **rows, vocab_size=v, num_allowed_token_ids_ptr=s.num_allowed_token_ids, allowed_token_ids_ptr=s.allowed_token_ids,
+            allowed_token_ids_stride=s.allowed_token_ids.stride(0), num_logit_bias_ptr=s.num_logit_bias,
+            bias_token_ids_ptr=s.logit_bias_token_ids, bias_token_ids_stride=s.logit_bias_token_ids.stride(0),
+            bias_ptr=s.logit_bias, bias_stride=s.logit_bias.stride(0), pos_ptr=pos, min_lens_ptr=s.min_lens,
+            num_stop_token_ids_ptr=s.num_stop_token_ids, restore_when_all_masked_ptr=s.restore_when_all_masked,
+            stop_token_ids_ptr=s.stop_token_ids, stop_token_ids_stride=s.stop_token_ids.stride(0),
+            BLOCK_SIZE=next_power_of_2(max(s.MAX_ALLOWED, s.MAX_BIAS, s.MAX_STOP)), LOGITS_BLOCK_SIZE=8192,
+            CHECK_ALL_MASKED_ROWS=bool(s.restore_when_all_masked[reqs].any()))))
+    if bool(s.use_penalty[reqs].any()):
+        launches.append(("_penalties_kernel", (n, cdiv(v, penalties_block)), dict(
+            **rows, token_ids_ptr=input_ids, expanded_local_pos_ptr=expanded_local_pos,
+            repetition_penalty_ptr=s.repetition_penalty, frequency_penalty_ptr=s.frequency_penalty,
+            presence_penalty_ptr=s.presence_penalty, prompt_bin_mask_ptr=s.prompt_bin_mask,
+            prompt_bin_mask_stride=s.prompt_bin_mask.stride(0), output_bin_counts_ptr=s.output_bin_counts,
+            output_bin_counts_stride=s.output_bin_counts.stride(0), vocab_size=v, BLOCK_SIZE=penalties_block)))
+    bad_words = int(s.num_bad_words[reqs].max()) if len(reqs) else 0
+    if bad_words:
+        launches.append(("_bad_words_kernel", (n, bad_words), dict(
+            **rows, bad_word_token_ids_ptr=s.bad_word_token_ids, bad_word_token_ids_stride=s.bad_word_token_ids.stride(0),
+            bad_word_offsets_ptr=s.bad_word_offsets, bad_word_offsets_stride=s.bad_word_offsets.stride(0),
+            num_bad_words_ptr=s.num_bad_words, all_token_ids_ptr=s.all_token_ids,
+            all_token_ids_stride=s.all_token_ids.stride(0), prompt_len_ptr=s.prompt_len, total_len_ptr=s.total_len,
+            input_ids_ptr=input_ids, expanded_local_pos_ptr=expanded_local_pos)))
+    t = s.temperature[reqs]
+    if not bool(((t == 0.0) | (t == 1.0)).all()):
+        launches.append(("_temperature_kernel", (n, cdiv(v, 8192)),
+                         dict(**rows, temperature_ptr=s.temperature, vocab_size=v, BLOCK_SIZE=8192)))
+    if bool((s.min_p[reqs] != 0.0).any()):
+        launches.append(("_min_p_kernel", (n,), dict(**rows, min_p_ptr=s.min_p, vocab_size=v, BLOCK_SIZE=1024)))
+    return launches
+
+
+def mrv2_apply_sampling_params(logits: torch.Tensor, states: MRV2SamplingStates, expanded_idx_mapping: torch.Tensor,
+                               idx_mapping: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor,
+                               expanded_local_pos: torch.Tensor, *, backend: str, penalties_block: int = 8192,
+                               skip_top_k_top_p: bool = False) -> torch.Tensor:
+    """``Sampler.apply_sampling_params`` of vLLM 0.33.0 (``sampler.py:226``) over ``backend``: a float32
+    copy of ``logits`` (``logits`` itself when no request of ``idx_mapping`` needs processing), then
+    ``sampling_param_launches`` (logit bias, penalties, bad words, temperature, min-p) and top-k/top-p
+    (``apply_top_k_top_p``). ``input_ids``: each row's input token (the rejection sampler passes
+    ``draft_sampled``: a request's last committed token, then its drafts). Thinking budgets and custom
+    processors are not modelled."""
+    s, reqs = states, idx_mapping.long()
+    touched = (s.use_penalty | s.use_logit_bias | (s.num_bad_words > 0) | ((s.temperature != 0.0) & (s.temperature != 1.0))
+               | (s.min_p != 0.0) | (s.top_k != s.vocab_size) | (s.top_p != 1.0))
+    if not bool(touched[reqs].any()):
+        return logits
+    logits = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
+    for kernel, grid, args in sampling_param_launches(logits, s, expanded_idx_mapping, idx_mapping, pos, input_ids,
+                                                      expanded_local_pos, penalties_block=penalties_block):
+        launch(backend, kernel, grid, **args)
+    if skip_top_k_top_p:
+        return logits
+    m = expanded_idx_mapping.long()
+    k = s.top_k[m] if bool((s.top_k[reqs] != s.vocab_size).any()) else None
+    p = s.top_p[m] if bool((s.top_p[reqs] != 1.0).any()) else None
+    return apply_top_k_top_p(logits, k, p, backend=backend)
+
+
+def mrv2_verify(logits: torch.Tensor, states: MRV2SamplingStates, draft_logits: torch.Tensor | None,
+                draft_sampled: torch.Tensor, cu_num_logits: torch.Tensor, pos: torch.Tensor, idx_mapping: torch.Tensor,
+                expanded_idx_mapping: torch.Tensor, expanded_local_pos: torch.Tensor, num_speculative_steps: int,
+                *, backend: str, **options: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MRV2's verification (``RejectionSampler._verify``, ``spec_decode/rejection_sampler.py:251``):
+    the sampling parameters applied to the target's rows (the drafts as ``input_ids``), then the
+    rejection sampler (K13-K18) on the processed logits with the states' temperatures and seeds:
+    ``(processed_logits, sampled, num_sampled)``. ``options``: ``penalties_block``, and
+    ``mrv2_rejection_sample``'s ``use_fp64`` and ``use_block_verification``."""
+    block = options.pop("penalties_block", 8192)
+    processed = mrv2_apply_sampling_params(logits, states, expanded_idx_mapping, idx_mapping, pos, draft_sampled,
+                                           expanded_local_pos, backend=backend, penalties_block=block)
+    sampled, num_sampled = mrv2_rejection_sample(
+        processed, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping, expanded_local_pos,
+        states.temperature, states.seeds, num_speculative_steps, backend=backend, **options)
+    return processed, sampled, num_sampled
+
+
 __all__ = [
     "apply_sampling_constraints",
     "apply_top_k_top_p",
@@ -399,8 +606,13 @@ __all__ = [
     "compute_fly_entropy",
     "expand_batch_to_tokens",
     "generate_uniform_probs",
+    "MRV2SamplingStates",
+    "mrv2_apply_sampling_params",
+    "mrv2_verify",
+    "sampling_param_launches",
     "mrv2_rejection_sample",
     "rejection_sample",
+    "RequestParams",
     "sample_recovered_tokens",
     "unconditional_to_conditional_rates",
 ]
