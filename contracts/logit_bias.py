@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from contracts._checks import require_rows
-from contracts.spec import INT, KernelSpec, Role, at_least, constexpr, in_int32, power_of_two, ptr, require, scalar
+from contracts.spec import INT, Earlier, KernelSpec, Role, at_least, constexpr, in_int32, power_of_two, ptr, require, scalar
 
 F32, I32, I64 = torch.float32, torch.int32, torch.int64
 K42 = "_bias_kernel"
@@ -260,5 +260,23 @@ LOGIT_BIAS = KernelSpec(
     rule=_rule,
     bytes_moved=_bytes,
 )
+
+_RESTORE = ("restore_when_all_masked_ptr", "CHECK_ALL_MASKED_ROWS")
+
+
+def _without_restore(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in a.items() if k not in _RESTORE}
+
+
+def _restore_predates(a: Mapping[str, Any]) -> str | None:
+    if any(restores(a, r) for r in range(rows(a))):
+        return "C44 all-masked restore (0.30.0)"
+    return None
+
+
+# Through 0.21.0 min tokens masked the stop tokens with no restore (no structured-output rows then).
+LOGIT_BIAS.earlier = (Earlier("0.21.0", tuple(n for n in LOGIT_BIAS.arg_names if n not in _RESTORE),
+                              "no all-masked restore (restore_when_all_masked, CHECK_ALL_MASKED_ROWS)", _without_restore,
+                              _restore_predates),)
 
 SPECS = (LOGIT_BIAS,)
