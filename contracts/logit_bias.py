@@ -27,7 +27,19 @@ from typing import Any
 import torch
 
 from contracts._checks import require_rows
-from contracts.spec import INT, Earlier, KernelSpec, Role, at_least, constexpr, in_int32, power_of_two, ptr, require, scalar
+from contracts.spec import (
+    INT,
+    Earlier,
+    KernelSpec,
+    Role,
+    at_least,
+    constexpr,
+    in_int32,
+    power_of_two,
+    ptr,
+    require,
+    scalar,
+)
 
 F32, I32, I64 = torch.float32, torch.int32, torch.int64
 K42 = "_bias_kernel"
