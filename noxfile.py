@@ -1,7 +1,7 @@
 """specdiff's entry points.
 
     nox -s conformance   the main job: every kernel x backend as a pytest test (-n auto), a table, reports/conformance.json
-    nox -s engine        the same against vLLM's own kernels and CPU port (-- --vllm VERSION|PATH)
+    nox -s engine        the same against vLLM's own kernels and CPU port (-- --vllm VERSION|PATH; -- --sglang: SGLang's)
     nox -s package       a built wheel, installed, runs `specdiff` outside the tree
     nox -s tests         the harness's own tests
     nox -s lint          ruff
@@ -61,8 +61,18 @@ def conformance(session: nox.Session) -> None:
                 "--junitxml=reports/conformance.xml", *session.posargs)
 
 
-# What `nox -s engine` compares: vLLM's kernels (interpreted) and CPU port, the oracle, specdiff's port.
-ENGINE_BACKENDS = ("cpu", "vllm", "vllm-cpu")
+# What `nox -s engine` compares: each named engine's kernels (interpreted) and CPU port, the oracle,
+# specdiff's port.
+ENGINE_BACKENDS = {"--vllm": ("vllm", "vllm-cpu"), "--sglang": ("sglang", "sglang-cpu")}
+
+
+def _engine_options(args: list[str]) -> list[str]:
+    """The --vllm and --sglang options of ``args``, with their values (``--vllm X`` or ``--vllm=X``)."""
+    kept = []
+    for i, a in enumerate(args):
+        if a.split("=")[0] in ENGINE_BACKENDS:
+            kept += [a] if "=" in a else args[i : i + 2]
+    return kept
 
 
 @nox.session(python=PYTHON)
@@ -73,21 +83,28 @@ def engine(session: nox.Session) -> None:
     nox -s engine -- --vllm PATH         a wheel, an unpacked wheel, an sdist or a source tree
     nox -s engine -- --no-call-site      every dtype and layout, not only what vLLM's call sites pass
     nox -s engine -- --releases 0.20.0,0.30.0,0.32.0,0.33.0   each release, then kernel x release x backend
+    nox -s engine -- --sglang 0.5.23     SGLang's kernels instead (backends sglang, sglang-cpu); with --vllm too, both;
+                                         then the cross-engine table (reports/crossengine.md)
     Keeps going through every example; fails only on a finding conformance/engine/expected.toml
     does not list. Downloads and the vLLM C++ build are cached in SPECDIFF_CACHE (~/.cache/specdiff).
     """
     install(session, "test")
     args = list(session.posargs)
-    if not any(a.split("=")[0] in ("--vllm", "--releases") for a in args):
-        args = ["--vllm", "0.33.0", *args]
+    named = [o for o in ENGINE_BACKENDS if any(a.split("=")[0] == o for a in args)]
+    if any(a.split("=")[0] == "--releases" for a in args):
+        named.append("--vllm")
+    elif not named:
+        args, named = ["--vllm", "0.33.0", *args], ["--vllm"]
     # specdiff's own Triton kernels, interpreted, are `nox -s conformance`'s: here they would be
     # three quarters of the time.
     if not any(a.split("=")[0] == "--backend" for a in args):
-        args = [*(f"--backend={b}" for b in ENGINE_BACKENDS), *args]
+        args = [*(f"--backend={b}" for b in ("cpu", *(b for o in named for b in ENGINE_BACKENDS[o]))), *args]
     if not any(a.split("=")[0] in ("--jobs", "-j") for a in args):
         args = ["--jobs=auto", *args]  # a kernel per core
     session.run("python", "-m", "conformance", "run", "--call-site", "--report", "reports/engine.json",
                 "--junit", "reports/engine.xml", *args)
+    if "--sglang" in named:  # the same drafts, probabilities and coins through each engine named
+        session.run("python", "-m", "conformance", "crossengine", "--report", "reports/crossengine.md", *_engine_options(args))
 
 
 SAVE_A_CASE = """

@@ -8,10 +8,29 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.spec import KernelSpec, Table
+
+# The engines whose kernels the contracts specify, by root package, as messages name them. Which
+# engine a contract belongs to is data of the contract: its qualname's root package (an op's, the
+# torch.ops namespace its engine registers), read by :func:`engine_of` and nowhere else.
+TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
+OP_NAMESPACES = {"_C": "vllm", "sgl_kernel": "sglang"}
+
+
+def engine_of(spec: KernelSpec) -> str:
+    """The root package of the engine whose kernel ``spec`` specifies (``vllm``, ``sglang``)."""
+    parts = spec.qualname.split(".")
+    if parts[:2] == ["torch", "ops"] and len(parts) > 2:
+        return OP_NAMESPACES.get(parts[2], parts[2])
+    return parts[0]
+
+
+def engine_title(spec: KernelSpec) -> str:
+    package = engine_of(spec)
+    return TITLES.get(package, package)
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,12 @@ class Backend:
     # The engine under test (vLLM's own kernels): run only when asked for, and its disagreements
     # are findings about the engine (conformance/findings.py).
     engine: bool = False
+    # The engine whose kernels it runs (its root package, TITLES): another engine's kernels are
+    # "n/a" there. Empty: every contract's (specdiff's own backends implement them all).
+    package: str = ""
+    # Kernels of its own engine it has no form of, and why (qualname -> reason; data): a
+    # CUDA-only kernel on an engine's Triton backend is "n/a", not missing.
+    absent: Mapping[str, str] = field(default_factory=dict, hash=False)
     # What it declines (see Capability); Triton launch options it accepts and ignores (§1.9).
     capabilities: tuple[Capability, ...] = ()
     launch_options: bool = True
@@ -68,13 +93,20 @@ class Backend:
     ops: bool = True
 
     def applies(self, spec: KernelSpec) -> bool:
+        if self.package and (engine_of(spec) != self.package or spec.qualname in self.absent):
+            return False
         return not (spec.host and self.triton) and (self.ops or not spec.op)
 
     def inapplicable(self, spec: KernelSpec) -> str:
         """Why ``spec`` has no form here (where :meth:`applies` is False)."""
+        if self.package and engine_of(spec) != self.package:
+            return (f"{spec.name} is {engine_title(spec)}'s kernel ({spec.qualname}); "
+                    f"{self.name} runs {TITLES.get(self.package, self.package)}'s")
+        if self.package and spec.qualname in self.absent:
+            return self.absent[spec.qualname]
         if spec.op:
             return f"vLLM implements {spec.name} as a C++ op of its CPU build (torch.ops._C.{spec.op}): it has no Triton form"
-        return f"vLLM implements {spec.name} in PyTorch on the host: it has no Triton form"
+        return f"{engine_title(spec)} implements {spec.name} in PyTorch on the host: it has no Triton form"
 
     def has(self, spec: KernelSpec) -> bool:
         """Whether this backend implements ``spec``, as cheaply as it can tell (``list``)."""

@@ -3,8 +3,8 @@
 A backend (:class:`conformance.backend.Backend`) is a way to get, for a :class:`KernelSpec`, an
 object launched as ``kernel[grid](**args)``. The three built-in backends resolve the kernel by its
 vLLM name in their own module of the kernel's family (``reference.rejection``,
-``triton_impl.rejection``, ``cpu_impl.rejection``). The engine's (conformance/engine) are registered
-here after them. A further backend registers with :func:`register_backend`, or from another package
+``triton_impl.rejection``, ``cpu_impl.rejection``). The engines' (conformance/engine: vLLM's, then
+SGLang's) are registered here after them. A further backend registers with :func:`register_backend`, or from another package
 through the ``specdiff.backends`` entry-point group, without editing this file. Importing this module
 registers every one of them.
 """
@@ -21,6 +21,7 @@ import torch
 
 from conformance import engine
 from conformance.backend import Backend
+from conformance.engine import sglang
 from contracts.spec import KernelSpec
 
 BACKENDS: dict[str, Backend] = {}
@@ -137,8 +138,9 @@ def _triton_split(spec: KernelSpec) -> Any:
 register_backend(Backend("triton-split", _triton_split, _triton_device, _triton_mode, _triton_unavailable, base="triton",
                          triton=True, addresses=True))
 
-# vLLM's own kernels and CPU port (conformance/engine), unavailable until a vLLM is named.
-for _engine_backend in engine.BACKENDS:
+# vLLM's own kernels and CPU port (conformance/engine), unavailable until a vLLM is named; then
+# SGLang's (conformance/engine/sglang.py), unavailable until an SGLang is named.
+for _engine_backend in (*engine.BACKENDS, *sglang.BACKENDS):
     register_backend(_engine_backend)
 
 for _ep in importlib.metadata.entry_points(group="specdiff.backends"):

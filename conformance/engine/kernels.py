@@ -1,4 +1,4 @@
-"""vLLM's own Triton kernels (and host functions), read from its source files without importing vLLM.
+"""An engine's own Triton kernels (and host functions), read from its source files without importing it.
 
 Importing ``vllm.v1.sample.rejection_sampler`` would import most of vLLM (and pin its torch).
 The kernels themselves need only Triton, so the loader parses the module, keeps the
@@ -7,6 +7,10 @@ The kernels themselves need only Triton, so the loader parses the module, keeps 
 ``from vllm.x import name`` to other modules the same way, and executes just those statements,
 compiled from the real file's syntax tree so that line numbers and ``inspect.getsource`` (which
 Triton reads) point at vLLM's own text. ``vllm.triton_utils``' names are Triton's own.
+
+The root package is the source's (``Source.package``): SGLang's kernels load the same way, from
+``sglang.*`` modules, with no import of SGLang (their module-level imports of ``sglang.srt`` are
+never executed: only what a kernel names is).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 import triton_impl  # noqa: F401  (first: it decides TRITON_INTERPRET before Triton loads)
-from conformance.engine.source import SourceError, VllmSource
+from conformance.engine.source import Source, SourceError
 
 # What vllm.triton_utils re-exports (tl, triton, tldevice, ...), by name.
 _TRITON_UTILS = {
@@ -53,7 +57,7 @@ def _free_names(node: ast.AST) -> set[str]:
 
 
 class _Module:
-    """One vLLM module's kernels and what they need, executed in a namespace of their own."""
+    """One engine module's kernels and what they need, executed in a namespace of their own."""
 
     def __init__(self, loader: KernelLoader, name: str, path: Path) -> None:
         self.name = name
@@ -64,7 +68,7 @@ class _Module:
             where = f", line {e.lineno}" if isinstance(e, SyntaxError) and e.lineno else ""
             raise SourceError(f"{path}: not a Python module this tool can read ({type(e).__name__}{where}: "
                               f"{e.msg if isinstance(e, SyntaxError) else e})") from None
-        self.module = ModuleType(f"specdiff_vllm.{name}")
+        self.module = ModuleType(f"specdiff_engine.{name}")
         self.module.__file__ = str(path)
         self.ns = self.module.__dict__
         self.definitions: dict[str, ast.stmt] = {}
@@ -140,10 +144,12 @@ class _Module:
 
 class KernelLoader:
     """Resolves kernel qualnames (``vllm.v1.sample.rejection_sampler.expand_kernel``,
-    ``vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel``) against one vLLM source."""
+    ``vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel``) against one engine's source,
+    whose root package (``vllm``, ``sglang``) is the source's."""
 
-    def __init__(self, source: VllmSource) -> None:
+    def __init__(self, source: Source) -> None:
         self.source = source
+        self.root = source.package
         self._modules: dict[str, _Module] = {}
 
     def _module(self, name: str) -> _Module | None:
@@ -159,13 +165,13 @@ class KernelLoader:
             return importlib.import_module(_TRITON_UTILS[attr])
         if module == "vllm.triton_utils" and attr == "HAS_TRITON":
             return True  # this backend runs vLLM's Triton kernels: constants take their Triton form
-        if module.split(".")[0] != "vllm":
+        if module.split(".")[0] != self.root:
             m = importlib.import_module(module)
             return getattr(m, attr) if attr else m
         loaded = self._module(module)
         value = loaded.get([attr]) if loaded is not None else None
         if value is None:
-            raise LookupError(f"{module}.{attr} is needed by a vLLM kernel but is not a kernel or constant of its source")
+            raise LookupError(f"{module}.{attr} is needed by a kernel of {self.root} but is not a kernel or constant of its source")
         return value
 
     def parse(self, qualname: str) -> None:
@@ -177,8 +183,22 @@ class KernelLoader:
         if module is not None:
             self._module(module)
 
+    def is_triton(self, qualname: str) -> bool:
+        """Whether ``qualname`` names a ``@triton.jit`` function of this source (at module level or in
+        a class), told from the syntax tree alone: nothing of the module runs, and a host function
+        (whose imports would reach the rest of the engine) is never executed to find out."""
+        parts = qualname.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            if self.source.module_file(".".join(parts[:cut])) is not None:
+                loaded = self._module(".".join(parts[:cut]))
+                node = loaded.definitions.get(parts[cut]) if loaded is not None else None
+                for attr in parts[cut + 1:]:
+                    node = next((s for s in getattr(node, "body", []) if getattr(s, "name", None) == attr), None)
+                return node is not None and _is_jit(node)
+        return False
+
     def kernel(self, qualname: str) -> Any:
-        """The kernel at ``qualname``, or None when this vLLM has no such module or attribute."""
+        """The kernel at ``qualname``, or None when this source has no such module or attribute."""
         parts = qualname.split(".")
         for cut in range(len(parts) - 1, 0, -1):
             module = ".".join(parts[:cut])

@@ -1,4 +1,4 @@
-"""Where vLLM's files come from, without installing or importing vLLM.
+"""Where an engine's files come from, without installing or importing the engine.
 
 ``--vllm`` names either a release (``0.33.0``: its source distribution is fetched from the package
 index once, its digest checked, and unpacked into the cache) or a path: a wheel, an unpacked wheel,
@@ -7,9 +7,14 @@ backends need, the Python package (Triton kernels, the CPU overrides, the dispat
 ``csrc/cpu`` (the C++ port); a wheel holds only the Python half, so ``vllm-cpu`` needs a source
 tree or a release.
 
-Archives are untrusted input: only regular files under ``vllm/`` and ``csrc/`` are unpacked, with
-tarfile's ``data`` filter (no links, devices, absolute paths or ``..``), and a fetched archive is
-used only when its SHA-256 matches the index's.
+``--sglang`` works the same way for SGLang (:data:`SGLANG`), whose releases the index holds as
+wheels only: a release is one pinned wheel of that version (the Python sources are the same in
+every platform's), and only the modules of its speculative and sampling kernels are unpacked.
+What differs between the engines is data, a :class:`Distribution`; the machinery is one.
+
+Archives are untrusted input: only regular files under the engine's own directories (``vllm/`` and
+``csrc/``; SGLang's kernel modules) are unpacked, with tarfile's ``data`` filter (no links, devices,
+absolute paths or ``..``), and a fetched archive is used only when its SHA-256 matches the index's.
 """
 
 from __future__ import annotations
@@ -25,30 +30,91 @@ import tempfile
 import urllib.request
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 INDEX = os.environ.get("SPECDIFF_INDEX_URL", "https://pypi.org/simple")
 _VERSION = re.compile(r"^\d+(\.\d+)*([a-z0-9.+-]*)$")
 
 
 class SourceError(ValueError):
-    """``--vllm`` names nothing usable; the message says what was expected."""
+    """``--vllm`` (``--sglang``) names nothing usable; the message says what was expected."""
 
 
 @dataclass(frozen=True)
-class VllmSource:
-    """An unpacked vLLM: ``root / "vllm"`` is the Python package; ``csrc`` is None for a wheel."""
+class Distribution:
+    """One engine's files as the package index and its archives hold them: data, one per engine."""
+
+    package: str  # the root package, and the project's name on the index
+    title: str  # as messages name the engine
+    option: str  # the command-line option naming a release or a path
+    # Top directories of the tree an archive's members are kept under (a member's path from there).
+    roots: tuple[str, ...]
+    suffixes: tuple[str, ...]
+    # The file of a release to fetch, among the index's (or the cache's) file names; None: none fits.
+    pick: Callable[[str, Sequence[str]], str | None]
+    # A further filter on a kept member's path inside the tree (``sglang/kernels/ops/...``).
+    keep: Callable[[PurePosixPath], bool] = lambda rel: True
+
+    def wanted(self, name: str) -> str | None:
+        """The path inside the tree of an archive member we keep, else None."""
+        parts = PurePosixPath(name).parts
+        for i, part in enumerate(parts[:3]):
+            # An sdist nests the tree under NAME-X.Y.Z/ (a checkout of SGLang's, under python/ too);
+            # no deeper, so that tests/vllm/x.py never lands on vllm/x.py.
+            if i == 2 and parts[1] != "python":
+                break
+            if part in self.roots:
+                rel = PurePosixPath(*parts[i:])
+                return str(rel) if rel.suffix in self.suffixes and self.keep(rel) else None
+        return None
+
+
+def _sdist(version: str, names: Sequence[str]) -> str | None:
+    name = f"vllm-{version}.tar.gz"
+    return name if name in names else None
+
+
+VLLM = Distribution("vllm", "vLLM", "--vllm", ("vllm", "csrc"), (".py", ".cpp", ".hpp", ".h"), _sdist)
+
+
+def _sglang_wheel(version: str, names: Sequence[str]) -> str | None:
+    """The pinned wheel of an SGLang release: CPython 3.11's manylinux x86_64 where the index has it,
+    else the first by name. SGLang publishes no sdist; its wheels are platform-tagged for their
+    compiled extras only, and the Python sources kept here are the same in each."""
+    wheels = sorted(n for n in names if n.endswith(".whl") and n.split("-")[:2] == ["sglang", version])
+    preferred = [n for n in wheels if "-cp311-cp311-manylinux" in n and n.endswith("_x86_64.whl")]
+    return (preferred or wheels or [None])[0]
+
+
+# SGLang's Triton kernels of speculative verification and sampling, and the package files on their path.
+SGLANG_KERNELS = ("kernels/ops/speculative", "kernels/ops/sampling")
+SGLANG_PACKAGE_FILES = ("__init__.py", "_version.py", "kernels/__init__.py", "kernels/ops/__init__.py")
+
+
+def _sglang_member(rel: PurePosixPath) -> bool:
+    inner = rel.relative_to("sglang").as_posix()
+    return inner in SGLANG_PACKAGE_FILES or any(inner.startswith(d + "/") for d in SGLANG_KERNELS)
+
+
+SGLANG = Distribution("sglang", "SGLang", "--sglang", ("sglang",), (".py",), _sglang_wheel, _sglang_member)
+
+
+@dataclass(frozen=True)
+class Source:
+    """An unpacked engine: ``root / package`` is the Python package; ``csrc`` (vLLM's C++) is None
+    for a wheel, and always for SGLang, whose C++ CPU ops are not in its wheel."""
 
     root: Path
     csrc: Path | None
     label: str
+    package: str = "vllm"
 
     @property
     def release(self) -> str | None:
-        """The release this tree says it is (``vllm/_version.py``, written at build), or None."""
-        path = self.root / "vllm" / "_version.py"
+        """The release this tree says it is (``<package>/_version.py``, written at build), or None."""
+        path = self.root / self.package / "_version.py"
         try:
             found = re.search(r"^__version__ = version = ['\"]([^'\"]+)['\"]", path.read_text(), re.M)
         except OSError:
@@ -64,46 +130,50 @@ class VllmSource:
         return None
 
 
+VllmSource = Source  # the name vLLM's tools and tests use
+
+
 def cache_dir() -> Path:
     """Downloads and builds: ``SPECDIFF_CACHE``, else ``~/.cache/specdiff`` (CI points it into the clone)."""
     return Path(os.environ.get("SPECDIFF_CACHE") or Path.home() / ".cache" / "specdiff")
 
 
-def locate(spec: str) -> VllmSource:
-    """The vLLM named by ``spec``: a release version, or a path (wheel, sdist, unpacked tree)."""
+def locate(spec: str, dist: Distribution = VLLM) -> Source:
+    """The engine named by ``spec``: a release version, or a path (wheel, sdist, unpacked tree)."""
     if not spec:
-        raise SourceError("--vllm must name a release (e.g. 0.33.0) or a path to a wheel, sdist or source tree")
+        raise SourceError(f"{dist.option} must name a release (e.g. {REFERENCE[dist.package]}) or a path to a wheel, sdist or source tree")
     path = Path(spec).expanduser()
     if path.exists():
-        return _from_path(path.resolve())
+        return _from_path(path.resolve(), dist)
     if _VERSION.match(spec):
-        return _from_path(fetch_sdist(spec))
-    raise SourceError(f"--vllm {spec!r} is neither an existing path nor a release version such as 0.33.0")
+        return _from_path(fetch_release(spec, dist), dist)
+    raise SourceError(f"{dist.option} {spec!r} is neither an existing path nor a release version such as {REFERENCE[dist.package]}")
 
 
-def _from_path(path: Path) -> VllmSource:
+# The release each engine's contracts are written against (the example in messages).
+REFERENCE = {"vllm": "0.33.0", "sglang": "0.5.23"}
+
+
+def _from_path(path: Path, dist: Distribution = VLLM) -> Source:
     if path.is_dir():
-        if (path / "vllm" / "__init__.py").is_file():
-            csrc = path / "csrc" if (path / "csrc" / "cpu").is_dir() else None
-            return VllmSource(path, csrc, f"{path} ({'source tree' if csrc else 'Python sources, no csrc/cpu'})")
-        raise SourceError(f"--vllm {str(path)!r}: a directory must hold vllm/__init__.py (a source tree or an unpacked wheel)")
+        pkg = dist.package
+        if not (path / pkg / "__init__.py").is_file() and (path / "python" / pkg / "__init__.py").is_file():
+            path = path / "python"  # SGLang's checkout keeps its package under python/
+        if (path / pkg / "__init__.py").is_file():
+            csrc = path / "csrc" if dist is VLLM and (path / "csrc" / "cpu").is_dir() else None
+            what = "source tree" if csrc else "Python sources, no csrc/cpu" if dist is VLLM else "Python sources"
+            return Source(path, csrc, f"{path} ({what})", pkg)
+        raise SourceError(f"{dist.option} {str(path)!r}: a directory must hold {pkg}/__init__.py (a source tree or an unpacked wheel)")
     if path.suffix == ".whl":
-        return _from_path(_unpack(path, "wheel"))
+        return _from_path(_unpack(path, "wheel", dist), dist)
     if path.name.endswith((".tar.gz", ".tgz")):
-        return _from_path(_unpack(path, "sdist"))
-    raise SourceError(f"--vllm {str(path)!r}: expected a .whl, a .tar.gz source distribution or a directory")
+        return _from_path(_unpack(path, "sdist", dist), dist)
+    raise SourceError(f"{dist.option} {str(path)!r}: expected a .whl, a .tar.gz source distribution or a directory")
 
 
 def _wanted(name: str) -> str | None:
-    """The path inside the tree of an archive member we keep (Python sources and csrc), else None."""
-    parts = Path(name).parts
-    for i, part in enumerate(parts[:2]):  # an sdist nests everything under vllm-X.Y.Z/
-        if part in ("vllm", "csrc"):
-            rel = Path(*parts[i:])
-            if rel.suffix in (".py", ".cpp", ".hpp", ".h"):
-                return str(rel)
-            return None
-    return None
+    """vLLM's filter (:meth:`Distribution.wanted`): Python sources and csrc."""
+    return VLLM.wanted(name)
 
 
 @contextlib.contextmanager
@@ -126,15 +196,15 @@ MEMBER_BYTES, TOTAL_BYTES, MEMBERS = 16 << 20, 512 << 20, 50_000
 UNPACKED_BYTES = 1 << 30
 
 
-def _unpack(archive: Path, kind: str) -> Path:
+def _unpack(archive: Path, kind: str, dist: Distribution = VLLM) -> Path:
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
-    dest = cache_dir() / "vllm" / f"{archive.name}-{digest}"
+    dest = cache_dir() / dist.package / f"{archive.name}-{digest}"
     if (dest / ".complete").is_file():
         os.utime(dest)  # used now: the last to be evicted
         return dest
     with cache_lock(dest.name):
         if not (dest / ".complete").is_file():  # another process may have unpacked it while this one waited
-            _unpack_into(archive, kind, dest)
+            _unpack_into(archive, kind, dest, dist)
     _evict(dest.parent, UNPACKED_BYTES, keep=dest)
     return dest
 
@@ -160,27 +230,28 @@ def _escapes(name: str) -> bool:
     return Path(name).is_absolute() or ".." in parts
 
 
-def _unpack_into(archive: Path, kind: str, dest: Path) -> None:
+def _unpack_into(archive: Path, kind: str, dest: Path, dist: Distribution = VLLM) -> None:
     what = "wheel" if kind == "wheel" else "source distribution"
+    opt, title = dist.option, dist.title
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=_mkdir(dest.parent)))
     total = kept = 0
 
     def admit(name: str, size: int) -> None:
         nonlocal total, kept
         if size > MEMBER_BYTES:
-            raise SourceError(f"--vllm {str(archive)!r}: member {name!r} holds {size} bytes, more than {MEMBER_BYTES} "
-                              "(no source file of vLLM comes near): refused")
+            raise SourceError(f"{opt} {str(archive)!r}: member {name!r} holds {size} bytes, more than {MEMBER_BYTES} "
+                              f"(no source file of {title} comes near): refused")
         total, kept = total + size, kept + 1
         if total > TOTAL_BYTES or kept > MEMBERS:
-            raise SourceError(f"--vllm {str(archive)!r}: more than {TOTAL_BYTES} bytes or {MEMBERS} files of sources: refused")
+            raise SourceError(f"{opt} {str(archive)!r}: more than {TOTAL_BYTES} bytes or {MEMBERS} files of sources: refused")
 
     try:
         if kind == "wheel":
             with zipfile.ZipFile(archive) as z:
                 for info in z.infolist():
                     if _escapes(info.filename):
-                        raise SourceError(f"--vllm {str(archive)!r}: member {info.filename!r} escapes the archive: refused")
-                    rel = _wanted(info.filename)
+                        raise SourceError(f"{opt} {str(archive)!r}: member {info.filename!r} escapes the archive: refused")
+                    rel = dist.wanted(info.filename)
                     if rel is None or info.is_dir():
                         continue
                     admit(info.filename, info.file_size)
@@ -192,8 +263,8 @@ def _unpack_into(archive: Path, kind: str, dest: Path) -> None:
                 members = []
                 for m in t.getmembers():
                     if _escapes(m.name):
-                        raise SourceError(f"--vllm {str(archive)!r}: member {m.name!r} escapes the archive: refused")
-                    rel = _wanted(m.name)
+                        raise SourceError(f"{opt} {str(archive)!r}: member {m.name!r} escapes the archive: refused")
+                    rel = dist.wanted(m.name)
                     if rel is not None and m.isfile():
                         admit(m.name, m.size)
                         m.name = rel
@@ -204,9 +275,9 @@ def _unpack_into(archive: Path, kind: str, dest: Path) -> None:
         tmp.rename(dest)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:
         first = (str(e).strip().splitlines() or [""])[0].rstrip(":")
-        raise SourceError(f"--vllm {str(archive)!r}: not a readable {what} ({type(e).__name__}: {first})") from None
+        raise SourceError(f"{opt} {str(archive)!r}: not a readable {what} ({type(e).__name__}: {first})") from None
     except OSError as e:
-        raise SourceError(f"--vllm {str(archive)!r}: could not unpack it under {dest.parent} ({e.strerror or e})") from None
+        raise SourceError(f"{opt} {str(archive)!r}: could not unpack it under {dest.parent} ({e.strerror or e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -222,27 +293,39 @@ def _mkdir(p: Path) -> Path:
 
 def fetch_sdist(version: str) -> Path:
     """vLLM's source distribution for ``version`` from the package index (cached, digest-checked)."""
-    name = f"vllm-{version}.tar.gz"
-    target = _mkdir(cache_dir() / "downloads") / name
-    if target.is_file():
-        return target
-    with cache_lock(name):
-        return target if target.is_file() else _download(version, name, target)
+    return fetch_release(version, VLLM)
 
 
-def _download(version: str, name: str, target: Path) -> Path:
-    request = urllib.request.Request(f"{INDEX}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+def fetch_release(version: str, dist: Distribution = VLLM) -> Path:
+    """The archive of ``dist``'s release ``version`` from the package index (``Distribution.pick``:
+    vLLM's sdist, SGLang's pinned wheel), cached in ``downloads/`` and digest-checked when fetched.
+    A cached archive is used without asking the index: the same pick among the cache's files."""
+    downloads = _mkdir(cache_dir() / "downloads")
+    cached = dist.pick(version, [p.name for p in downloads.iterdir() if p.is_file()])
+    if cached is not None:
+        return downloads / cached
+    with cache_lock(f"{dist.package}-{version}"):
+        cached = dist.pick(version, [p.name for p in downloads.iterdir() if p.is_file()])
+        return downloads / cached if cached is not None else _download(version, dist, downloads)
+
+
+def _download(version: str, dist: Distribution, downloads: Path) -> Path:
+    opt = dist.option
+    request = urllib.request.Request(f"{INDEX}/{dist.package}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
             files = json.load(r)["files"]
+        name = dist.pick(version, [f["filename"] for f in files])
         entry = next((f for f in files if f["filename"] == name), None)
         url, want = (entry["url"], entry["hashes"]["sha256"]) if entry is not None else (None, None)
     except OSError as e:
-        raise SourceError(f"--vllm {version}: the package index could not be read ({e}); pass a path instead") from None
+        raise SourceError(f"{opt} {version}: the package index could not be read ({e}); pass a path instead") from None
     except (ValueError, KeyError, TypeError) as e:  # the index's answer is data from elsewhere: one line
-        raise SourceError(f"--vllm {version}: the package index answered with no usable file list ({type(e).__name__}: {e})") from None
-    if url is None:
-        raise SourceError(f"--vllm {version}: the package index has no {name}")
+        raise SourceError(f"{opt} {version}: the package index answered with no usable file list ({type(e).__name__}: {e})") from None
+    if url is None or name is None:
+        what = f"{dist.package}-{version}.tar.gz" if dist is VLLM else f"wheel of {dist.package} {version}"
+        raise SourceError(f"{opt} {version}: the package index has no {what}")
+    target = downloads / name
     part = target.with_suffix(".part")
     h = hashlib.sha256()
     try:
@@ -252,9 +335,9 @@ def _download(version: str, name: str, target: Path) -> Path:
                 out.write(chunk)
     except OSError as e:
         part.unlink(missing_ok=True)
-        raise SourceError(f"--vllm {version}: downloading {name} failed ({e}); pass a path instead") from None
+        raise SourceError(f"{opt} {version}: downloading {name} failed ({e}); pass a path instead") from None
     if h.hexdigest() != want:
         part.unlink()
-        raise SourceError(f"--vllm {version}: {name} does not match the index's SHA-256 (got {h.hexdigest()}, want {want})")
+        raise SourceError(f"{opt} {version}: {name} does not match the index's SHA-256 (got {h.hexdigest()}, want {want})")
     part.rename(target)
     return target

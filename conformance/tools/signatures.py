@@ -386,6 +386,10 @@ def check_op(spec: KernelSpec) -> Check:
 
 
 def check_vllm(spec: KernelSpec) -> list[Check]:
+    from conformance.backend import engine_of
+
+    if engine_of(spec) != "vllm":
+        return []  # another engine's kernel: vLLM has no form of it
     why = vllm_unavailable()
     if why is not None:
         return [Check(spec.name, "vllm", "names", None, why)]
