@@ -505,11 +505,16 @@ def _rejection_cases(draw: st.DrawFn) -> Case:
     mode = draw(st.sampled_from(["standard", "synthetic", "block", "fly"]))
     event(f"verification: {mode}")
     aim = mode == "block" and draw(st.booleans())
-    sc = draw(scenes(busy=aim))
+    # FLy defers rejections of random requests only: without one, its window decides nothing.
+    fly_random = mode == "fly" and draw(st.booleans())
+    sc = draw(scenes(busy=aim or fly_random))
     g = generator(draw(seeds))
     aimed = None
     if aim:
         sc, aimed = _random_request(draw, sc)
+    elif fly_random:
+        sc, _ = _random_request(draw, sc)
+        event("FLy: a random request with drafts")
     lay = sc.lay
     stats = computed_stats(sc, draw)
     tokens = likely_drafts(draw, g, sc)
