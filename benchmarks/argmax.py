@@ -13,10 +13,7 @@ row meets D16, one draw in 2**53).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.topk_topp import median_ms, write_report  # noqa: E402
+from benchmarks.topk_topp import median_ms, thread_runs, write_report  # noqa: E402
 
 V = 151_936
 
@@ -61,22 +58,10 @@ def measure(rows: int, reps: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="64,256")
-    parser.add_argument("--threads", default=f"1,{os.cpu_count()}")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--out", default="reports/bench")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ns = parser.parse_args(argv)
-    if ns.child:
-        print(json.dumps([r for b in ns.rows.split(",") for r in measure(int(b), ns.reps)]))
+    got = thread_runs(__file__, measure, __doc__, argv)
+    if got is None:
         return 0
-    rows_out: list[dict[str, Any]] = []
-    for t in ns.threads.split(","):
-        env = {**os.environ, "OMP_NUM_THREADS": t}
-        done = subprocess.run([sys.executable, __file__, "--child", "--rows", ns.rows, "--reps", str(ns.reps)],
-                              env=env, capture_output=True, text=True, check=True)
-        rows_out += json.loads(done.stdout.strip().splitlines()[-1])
+    ns, rows_out = got
     lines = [f"CPU ({os.cpu_count()} cores), torch {torch.__version__}; vocabulary {V}; medians in ms", "",
              "| op | rows | threads | PyTorch path | vLLM's op | specdiff's port | port / vLLM's op | port = vLLM's op |",
              "|---|---|---|---|---|---|---|---|"]

@@ -19,10 +19,7 @@ Each thread count runs in a process of its own (``OMP_NUM_THREADS``: the port an
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.topk_topp import median_ms, write_report  # noqa: E402
+from benchmarks.topk_topp import median_ms, thread_runs, write_report  # noqa: E402
 
 V = 151_936
 DRAFTS = 3
@@ -48,8 +45,8 @@ def measure(rows: int, reps: int) -> list[dict[str, Any]]:
     bins = load("vllm.model_executor.layers.utils.get_token_bin_counts_and_mask")
     repetition = load("vllm._custom_ops.apply_repetition_penalties_torch")
 
-    def port(name: str) -> Any:
-        return resolve_kernel("cpu", contracts.get(name))[1]
+    port = {k: resolve_kernel("cpu", contracts.get(k))[1]
+            for k in ("_penalties_kernel", "_bincount_kernel", "_topk_log_softmax_kernel", "_ranks_kernel")}
 
     g = torch.Generator().manual_seed(rows)
     n = rows // (DRAFTS + 1)
@@ -92,9 +89,10 @@ def measure(rows: int, reps: int) -> list[dict[str, Any]]:
 
     def ours_penalties() -> None:
         work.copy_(logits)
-        port("_penalties_kernel")[(rows, -(-V // 8192))](**penalties)
+        port["_penalties_kernel"][(rows, -(-V // 8192))](**penalties)
 
     ids = torch.cat([tokens.view(-1, 1).long(), torch.topk(logits, 20).indices], 1)
+    sampled = ids[:, 0].contiguous()
     scores, ranks = torch.empty(rows, 21), torch.empty(rows, dtype=torch.int64)
 
     def v1_logprobs() -> None:
@@ -103,14 +101,14 @@ def measure(rows: int, reps: int) -> list[dict[str, Any]]:
         (lp >= lp.gather(-1, ids[:, :1])).sum(-1)
 
     def ours_logprobs() -> None:
-        port("_topk_log_softmax_kernel")[(rows,)](output_ptr=scores, logits_ptr=logits, logits_stride=V, topk_ids_ptr=ids,
+        port["_topk_log_softmax_kernel"][(rows,)](output_ptr=scores, logits_ptr=logits, logits_stride=V, topk_ids_ptr=ids,
                                                   topk_ids_stride=21, topk=21, vocab_size=V, BLOCK_SIZE=1024, TOPK_BLOCK_SIZE=32)
-        port("_ranks_kernel")[(rows,)](output_ptr=ranks, logits_ptr=logits, logits_stride=V, token_ids_ptr=ids[:, 0].contiguous(),
+        port["_ranks_kernel"][(rows,)](output_ptr=ranks, logits_ptr=logits, logits_stride=V, token_ids_ptr=sampled,
                                        vocab_size=V, BLOCK_SIZE=8192)
 
     def ours_bincount() -> None:
         states.prompt_bin_mask.zero_(), states.output_bin_counts.zero_()
-        port("_bincount_kernel")[bincount_grid](**bincount_args)
+        port["_bincount_kernel"][bincount_grid](**bincount_args)
 
     copy_ms = median_ms(lambda: work.copy_(logits), False, reps)
     threads = int(os.environ.get("OMP_NUM_THREADS", "0"))
@@ -124,21 +122,10 @@ def measure(rows: int, reps: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="64,256")
-    parser.add_argument("--threads", default=f"1,{os.cpu_count()}")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--out", default="reports/bench")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ns = parser.parse_args(argv)
-    if ns.child:
-        print(json.dumps([r for b in ns.rows.split(",") for r in measure(int(b), ns.reps)]))
+    got = thread_runs(__file__, measure, __doc__, argv)
+    if got is None:
         return 0
-    results: list[dict[str, Any]] = []
-    for t in ns.threads.split(","):
-        done = subprocess.run([sys.executable, __file__, "--child", "--rows", ns.rows, "--reps", str(ns.reps)],
-                              env={**os.environ, "OMP_NUM_THREADS": t}, capture_output=True, text=True, check=True)
-        results += json.loads(done.stdout.strip().splitlines()[-1])
+    ns, results = got
     lines = [f"CPU ({os.cpu_count()} cores), torch {torch.__version__}; vocabulary {V}; medians in ms (in-place copies subtracted)",
              "", "| step | rows | threads | V1's PyTorch | specdiff's port | port / PyTorch |", "|---|---|---|---|---|---|"]
     for r in results:

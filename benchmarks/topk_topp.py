@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,30 @@ def median_ms(fn: Any, cuda: bool, reps: int) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def thread_runs(script: str, measure: Callable[[int, int], list[dict[str, Any]]], doc: str | None,
+                argv: list[str] | None) -> tuple[argparse.Namespace, list[dict[str, Any]]] | None:
+    """The CPU benchmarks' driver (``--rows``, ``--threads``, ``--reps``, ``--out``): each thread count
+    runs ``script --child`` in a process of its own (``OMP_NUM_THREADS``: the port and torch read it
+    at start), whose ``measure(rows, reps)`` results come back as JSON. Returns the options and every
+    result; None in a child, which has printed its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="64,256")
+    parser.add_argument("--threads", default=f"1,{os.cpu_count()}")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", default="reports/bench")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    if ns.child:
+        print(json.dumps([r for b in ns.rows.split(",") for r in measure(int(b), ns.reps)]))
+        return None
+    results: list[dict[str, Any]] = []
+    for t in ns.threads.split(","):
+        done = subprocess.run([sys.executable, script, "--child", "--rows", ns.rows, "--reps", str(ns.reps)],
+                              env={**os.environ, "OMP_NUM_THREADS": t}, capture_output=True, text=True, check=True)
+        results += json.loads(done.stdout.strip().splitlines()[-1])
+    return ns, results
 
 
 def write_report(out: Path, stem: str, table: str, data: dict[str, Any]) -> None:

@@ -563,21 +563,18 @@ def mrv2_apply_sampling_params(logits: torch.Tensor, states: MRV2SamplingStates,
     (``apply_top_k_top_p``). ``input_ids``: each row's input token (the rejection sampler passes
     ``draft_sampled``: a request's last committed token, then its drafts). Thinking budgets and custom
     processors are not modelled."""
-    s, reqs = states, idx_mapping.long()
-    touched = (s.use_penalty | s.use_logit_bias | (s.num_bad_words > 0) | ((s.temperature != 0.0) & (s.temperature != 1.0))
-               | (s.min_p != 0.0) | (s.top_k != s.vocab_size) | (s.top_p != 1.0))
-    if not bool(touched[reqs].any()):
-        return logits
-    logits = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
-    for kernel, grid, args in sampling_param_launches(logits, s, expanded_idx_mapping, idx_mapping, pos, input_ids,
-                                                      expanded_local_pos, penalties_block=penalties_block):
-        launch(backend, kernel, grid, **args)
-    if skip_top_k_top_p:
-        return logits
-    m = expanded_idx_mapping.long()
+    s, reqs, m = states, idx_mapping.long(), expanded_idx_mapping.long()
     k = s.top_k[m] if bool((s.top_k[reqs] != s.vocab_size).any()) else None
     p = s.top_p[m] if bool((s.top_p[reqs] != 1.0).any()) else None
-    return apply_top_k_top_p(logits, k, p, backend=backend)
+    processed = torch.empty_like(logits, dtype=torch.float32)
+    launches = sampling_param_launches(processed, s, expanded_idx_mapping, idx_mapping, pos, input_ids, expanded_local_pos,
+                                       penalties_block=penalties_block)
+    if not launches and k is None and p is None:  # no request needs processing: vLLM hands the logits on
+        return logits
+    processed.copy_(logits)
+    for kernel, grid, args in launches:
+        launch(backend, kernel, grid, **args)
+    return processed if skip_top_k_top_p else apply_top_k_top_p(processed, k, p, backend=backend)
 
 
 def mrv2_verify(logits: torch.Tensor, states: MRV2SamplingStates, draft_logits: torch.Tensor | None,

@@ -51,8 +51,9 @@ def classes_for(kernel: str) -> list[StateClass]:
     return [c for c in getattr(family, "CLASSES", ()) if kernel in c.kernels]
 
 
-def required(kernel: str) -> list[str]:
-    return [c.name for c in classes_for(kernel) if c.required]
+def required(kernel: str, call_site: bool = False) -> list[str]:
+    """The classes a run of ``kernel`` must reach (with ``call_site``: of those the call sites reach)."""
+    return [c.name for c in classes_for(kernel) if c.required and (c.call_site or not call_site)]
 
 
 def classify(kernel: str, args: Args, outputs: Outputs) -> Counter[str]:
@@ -83,5 +84,4 @@ def observe(kernel: str, args: Args, outputs: Outputs) -> Counter[str]:
 def missing(kernel: str, seen: Iterable[str], call_site: bool = False) -> list[str]:
     """Required classes of ``kernel`` that no case reached (with ``call_site``: of those the call sites reach)."""
     seen = set(seen)
-    wanted = [c.name for c in classes_for(kernel) if c.required and (c.call_site or not call_site)]
-    return [n for n in dict.fromkeys(wanted) if n not in seen]
+    return [n for n in dict.fromkeys(required(kernel, call_site)) if n not in seen]

@@ -509,7 +509,7 @@ def _greedy_explain(a: Mapping[str, Any], output: str, index: int) -> str:
 
 
 # The tree's index tensors: int64 at every SGLang call site (its CUDA and XPU paths).
-_TREE_INDICES = ("candidates_ptr", "retrieve_index_ptr", "retrieve_next_token_ptr", "retrieve_next_sibling_ptr",
+TREE_INDICES = ("candidates_ptr", "retrieve_index_ptr", "retrieve_next_token_ptr", "retrieve_next_sibling_ptr",
                  "target_predict_ptr")
 
 GREEDY_TREE = KernelSpec(
@@ -534,7 +534,7 @@ GREEDY_TREE = KernelSpec(
     preconditions=_greedy_preconditions,
     explain=_greedy_explain,
     rule=lambda a, output, index, kind: "C47a greedy tree walk",
-    call_site=lambda a: (all(a[n].dtype == I64 for n in _TREE_INDICES)
+    call_site=lambda a: (all(a[n].dtype == I64 for n in TREE_INDICES)
                          and a["predicts_ptr"].numel() == a["batch_size"] * a["num_draft_tokens"]
                          and torch.equal(a["retrieve_index_ptr"].to(I64),
                                          torch.arange(a["batch_size"] * a["num_draft_tokens"]).view(a["batch_size"], a["num_draft_tokens"]))),

@@ -33,6 +33,7 @@ import torch
 from conformance.backend import Backend, Capability
 from conformance.engine import Drifted, Engine, source, triton_device, triton_kernel, triton_mode
 from conformance.engine.source import SourceError, cache_dir
+from contracts.sglang_verify import TREE_INDICES
 from contracts.spec import KernelSpec
 
 SGLANG = Engine(source.SGLANG, "SPECDIFF_SGLANG")
@@ -248,8 +249,7 @@ def _compiled(test: Any) -> Any:
 
 
 def _index_widths(spec: KernelSpec, a: Mapping[str, Any]) -> bool:
-    names = ("candidates_ptr", "retrieve_index_ptr", "retrieve_next_token_ptr", "retrieve_next_sibling_ptr", "target_predict_ptr")
-    return len({a[n].dtype for n in names if isinstance(a.get(n), torch.Tensor)}) > 1
+    return len({a[n].dtype for n in TREE_INDICES if isinstance(a.get(n), torch.Tensor)}) > 1
 
 
 # What SGLang's Triton kernels cannot compile (Triton 3.6, sm_90); interpreted they run. A case inside
